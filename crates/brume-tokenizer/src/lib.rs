@@ -176,11 +176,17 @@ impl ClipTokenizer {
     /// Reads `vocab.json` + `merges.txt`, and `tokenizer_config.json` / `special_tokens_map.json` when present
     /// (special tokens and their matching rules, pad token, `model_max_length`; defaults: CLIPTokenizer's
     /// special tokens, pad `<|endoftext|>`, 77).
+    ///
+    /// A folder with the configs but neither `vocab.json` nor `merges.txt` uses the embedded OpenAI
+    /// vocabulary (every SD 1.x/2.x model ships exactly that vocabulary), so random-weight models and
+    /// converted models need not carry 1.5 MB of copies.
     pub fn from_model_dir(dir: &Path) -> Result<Self, TokenizerError> {
-        let model = Arc::new(load_model(
-            &dir.join("vocab.json"),
-            &dir.join("merges.txt"),
-        )?);
+        let (vocab, merges) = (dir.join("vocab.json"), dir.join("merges.txt"));
+        let model = if !vocab.exists() && !merges.exists() {
+            builtin::model()?
+        } else {
+            Arc::new(load_model(&vocab, &merges)?)
+        };
         let config_path = dir.join("tokenizer_config.json");
         let map_path = dir.join("special_tokens_map.json");
         let config = read_optional_json(&config_path)?;

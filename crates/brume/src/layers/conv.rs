@@ -1,0 +1,48 @@
+use candle_core::{Result, Tensor};
+
+use crate::error::LoadError;
+use crate::loading::Weights;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Conv2dConfig {
+    pub kernel: usize,
+    pub stride: usize,
+    pub padding: usize,
+}
+
+impl Conv2dConfig {
+    pub const K3: Self = Self {
+        kernel: 3,
+        stride: 1,
+        padding: 1,
+    };
+    pub const K1: Self = Self {
+        kernel: 1,
+        stride: 1,
+        padding: 0,
+    };
+}
+
+/// 2-D convolution over NCHW tensors.
+#[derive(Debug, Clone)]
+pub struct Conv2d {
+    weight: Tensor,
+    bias: Option<Tensor>,
+    cfg: Conv2dConfig,
+}
+
+impl Conv2d {
+    pub fn load(w: &Weights, in_ch: usize, out_ch: usize, cfg: Conv2dConfig, bias: bool) -> std::result::Result<Self, LoadError> {
+        let weight = w.tensor("weight", &[out_ch, in_ch, cfg.kernel, cfg.kernel])?;
+        let bias = if bias { Some(w.tensor("bias", &[out_ch])?) } else { None };
+        Ok(Self { weight, bias, cfg })
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let y = x.conv2d(&self.weight, self.cfg.padding, self.cfg.stride, 1, 1)?;
+        match &self.bias {
+            Some(b) => y.broadcast_add(&b.reshape((1, b.dim(0)?, 1, 1))?),
+            None => Ok(y),
+        }
+    }
+}

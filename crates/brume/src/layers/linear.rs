@@ -1,0 +1,51 @@
+use candle_core::{Result, Tensor};
+
+use crate::error::LoadError;
+use crate::loading::Weights;
+
+/// `y = x W^T + b` over the last dimension, any number of leading dimensions.
+#[derive(Debug, Clone)]
+pub struct Linear {
+    weight: Tensor,
+    bias: Option<Tensor>,
+    in_features: usize,
+    out_features: usize,
+}
+
+impl Linear {
+    /// Loads `weight` [out, in] and, when `bias`, `bias` [out].
+    pub fn load(w: &Weights, in_features: usize, out_features: usize, bias: bool) -> std::result::Result<Self, LoadError> {
+        let weight = w.tensor("weight", &[out_features, in_features])?;
+        let bias = if bias {
+            Some(w.tensor("bias", &[out_features])?)
+        } else {
+            None
+        };
+        Ok(Self {
+            weight,
+            bias,
+            in_features,
+            out_features,
+        })
+    }
+
+    pub fn out_features(&self) -> usize {
+        self.out_features
+    }
+
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let dims = x.dims().to_vec();
+        let rows: usize = dims[..dims.len() - 1].iter().product();
+        let x2 = x.reshape((rows, self.in_features))?;
+        let y = x2.matmul(&self.weight.t()?)?;
+        let y = match &self.bias {
+            Some(b) => y.broadcast_add(b)?,
+            None => y,
+        };
+        let mut out = dims;
+        if let Some(last) = out.last_mut() {
+            *last = self.out_features;
+        }
+        y.reshape(out)
+    }
+}

@@ -1,0 +1,20 @@
+//! The hot operations every model calls: linear, convolution, normalisation,
+//! attention, embedding and activations.
+//!
+//! Models never call candle's ops for these directly. Keeping them behind our own
+//! types is what lets faster CPU kernels and compressed weights replace the
+//! plain path later without touching a line of model code.
+
+mod activation;
+mod attention;
+mod conv;
+mod embedding;
+mod linear;
+mod norm;
+
+pub use activation::Activation;
+pub use attention::{attention, AttentionMask};
+pub use conv::{Conv2d, Conv2dConfig};
+pub use embedding::Embedding;
+pub use linear::Linear;
+pub use norm::{GroupNorm, LayerNorm};

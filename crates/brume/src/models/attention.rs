@@ -1,0 +1,194 @@
+//! diffusers `attention.py` / `attention_processor.py` / `transformer_2d.py`:
+//! multi-head attention, the GEGLU feed-forward, `BasicTransformerBlock` and
+//! `Transformer2DModel` as the SD UNets use them.
+
+use candle_core::{Result, Tensor};
+
+use crate::error::LoadError;
+use crate::layers::{attention, AttentionMask, Conv2d, Conv2dConfig, GroupNorm, LayerNorm, Linear};
+use crate::loading::Weights;
+
+/// `Attention` with separate q/k/v projections and `to_out.0`.
+pub struct Attention {
+    to_q: Linear,
+    to_k: Linear,
+    to_v: Linear,
+    to_out: Linear,
+    heads: usize,
+    dim_head: usize,
+}
+
+impl Attention {
+    /// `context_dim` is the key/value input width (`cross_attention_dim`), or
+    /// `query_dim` for self-attention. `qkv_bias` is false in the UNet and true in the VAE.
+    pub fn load(
+        w: &Weights,
+        query_dim: usize,
+        context_dim: usize,
+        heads: usize,
+        dim_head: usize,
+        qkv_bias: bool,
+    ) -> std::result::Result<Self, LoadError> {
+        let inner = heads * dim_head;
+        Ok(Self {
+            to_q: Linear::load(&w.pp("to_q"), query_dim, inner, qkv_bias)?,
+            to_k: Linear::load(&w.pp("to_k"), context_dim, inner, qkv_bias)?,
+            to_v: Linear::load(&w.pp("to_v"), context_dim, inner, qkv_bias)?,
+            to_out: Linear::load(&w.pp("to_out").pp(0), inner, query_dim, true)?,
+            heads,
+            dim_head,
+        })
+    }
+
+    fn split_heads(&self, t: &Tensor) -> Result<Tensor> {
+        let (b, n, _) = t.dims3()?;
+        t.reshape((b, n, self.heads, self.dim_head))?.transpose(1, 2)
+    }
+
+    /// `x` [batch, n, query_dim]; `context` [batch, m, context_dim] or `None` for self-attention.
+    pub fn forward(&self, x: &Tensor, context: Option<&Tensor>) -> Result<Tensor> {
+        let (b, n, _) = x.dims3()?;
+        let ctx = context.unwrap_or(x);
+        let q = self.split_heads(&self.to_q.forward(x)?)?;
+        let k = self.split_heads(&self.to_k.forward(ctx)?)?;
+        let v = self.split_heads(&self.to_v.forward(ctx)?)?;
+        let scale = (self.dim_head as f64).powf(-0.5);
+        let o = attention(&q, &k, &v, scale, AttentionMask::None)?;
+        let o = o.transpose(1, 2)?.reshape((b, n, self.heads * self.dim_head))?;
+        self.to_out.forward(&o)
+    }
+}
+
+/// `FeedForward` with `activation_fn="geglu"`: net.0 (GEGLU proj) -> net.2.
+struct FeedForward {
+    proj: Linear,
+    out: Linear,
+    inner: usize,
+}
+
+impl FeedForward {
+    fn load(w: &Weights, dim: usize) -> std::result::Result<Self, LoadError> {
+        let inner = dim * 4;
+        Ok(Self {
+            proj: Linear::load(&w.pp("net").pp(0).pp("proj"), dim, inner * 2, true)?,
+            out: Linear::load(&w.pp("net").pp(2), inner, dim, true)?,
+            inner,
+        })
+    }
+
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let h = self.proj.forward(x)?;
+        let last = h.rank() - 1;
+        let a = h.narrow(last, 0, self.inner)?;
+        let gate = h.narrow(last, self.inner, self.inner)?;
+        self.out.forward(&(a * gate.gelu_erf()?)?)
+    }
+}
+
+/// `BasicTransformerBlock` (layer-norm variant): self-attention (or cross-attention
+/// when `only_cross_attention`), cross-attention, GEGLU feed-forward.
+struct BasicTransformerBlock {
+    norm1: LayerNorm,
+    attn1: Attention,
+    norm2: LayerNorm,
+    attn2: Attention,
+    norm3: LayerNorm,
+    ff: FeedForward,
+    only_cross_attention: bool,
+}
+
+impl BasicTransformerBlock {
+    fn load(w: &Weights, c: &TransformerConfig) -> std::result::Result<Self, LoadError> {
+        let dim = c.heads * c.dim_head;
+        let attn1_ctx = if c.only_cross_attention { c.cross_attention_dim } else { dim };
+        Ok(Self {
+            norm1: LayerNorm::load(&w.pp("norm1"), dim, 1e-5)?,
+            attn1: Attention::load(&w.pp("attn1"), dim, attn1_ctx, c.heads, c.dim_head, false)?,
+            norm2: LayerNorm::load(&w.pp("norm2"), dim, 1e-5)?,
+            attn2: Attention::load(&w.pp("attn2"), dim, c.cross_attention_dim, c.heads, c.dim_head, false)?,
+            norm3: LayerNorm::load(&w.pp("norm3"), dim, 1e-5)?,
+            ff: FeedForward::load(&w.pp("ff"), dim)?,
+            only_cross_attention: c.only_cross_attention,
+        })
+    }
+
+    fn forward(&self, x: &Tensor, context: &Tensor) -> Result<Tensor> {
+        let ctx1 = self.only_cross_attention.then_some(context);
+        let x = (self.attn1.forward(&self.norm1.forward(x)?, ctx1)? + x)?;
+        let x = (self.attn2.forward(&self.norm2.forward(&x)?, Some(context))? + &x)?;
+        self.ff.forward(&self.norm3.forward(&x)?)? + x
+    }
+}
+
+/// Shape parameters of a [`Transformer2DModel`].
+#[derive(Debug, Clone, Copy)]
+pub struct TransformerConfig {
+    pub channels: usize,
+    pub heads: usize,
+    pub dim_head: usize,
+    pub layers: usize,
+    pub cross_attention_dim: usize,
+    pub groups: usize,
+    pub use_linear_projection: bool,
+    pub only_cross_attention: bool,
+}
+
+enum Projection {
+    Conv(Conv2d),
+    Linear(Linear),
+}
+
+/// `Transformer2DModel` over an NCHW feature map, with a residual connection.
+pub struct Transformer2DModel {
+    norm: GroupNorm,
+    proj_in: Projection,
+    blocks: Vec<BasicTransformerBlock>,
+    proj_out: Projection,
+    inner: usize,
+}
+
+impl Transformer2DModel {
+    pub fn load(w: &Weights, c: &TransformerConfig) -> std::result::Result<Self, LoadError> {
+        let inner = c.heads * c.dim_head;
+        let (proj_in, proj_out) = if c.use_linear_projection {
+            (
+                Projection::Linear(Linear::load(&w.pp("proj_in"), c.channels, inner, true)?),
+                Projection::Linear(Linear::load(&w.pp("proj_out"), inner, c.channels, true)?),
+            )
+        } else {
+            (
+                Projection::Conv(Conv2d::load(&w.pp("proj_in"), c.channels, inner, Conv2dConfig::K1, true)?),
+                Projection::Conv(Conv2d::load(&w.pp("proj_out"), inner, c.channels, Conv2dConfig::K1, true)?),
+            )
+        };
+        Ok(Self {
+            norm: GroupNorm::load(&w.pp("norm"), c.groups, c.channels, 1e-6)?,
+            proj_in,
+            blocks: (0..c.layers)
+                .map(|i| BasicTransformerBlock::load(&w.pp("transformer_blocks").pp(i), c))
+                .collect::<std::result::Result<_, _>>()?,
+            proj_out,
+            inner,
+        })
+    }
+
+    pub fn forward(&self, x: &Tensor, context: &Tensor) -> Result<Tensor> {
+        let (b, c, h, w) = x.dims4()?;
+        let residual = x;
+        let x = self.norm.forward(x)?;
+        let to_tokens = |t: &Tensor, ch: usize| t.permute((0, 2, 3, 1))?.reshape((b, h * w, ch));
+        let mut tokens = match &self.proj_in {
+            Projection::Conv(conv) => to_tokens(&conv.forward(&x)?, self.inner)?,
+            Projection::Linear(lin) => lin.forward(&to_tokens(&x, c)?)?,
+        };
+        for block in &self.blocks {
+            tokens = block.forward(&tokens, context)?;
+        }
+        let to_map = |t: &Tensor, ch: usize| t.reshape((b, h, w, ch))?.permute((0, 3, 1, 2));
+        let out = match &self.proj_out {
+            Projection::Conv(conv) => conv.forward(&to_map(&tokens, self.inner)?.contiguous()?)?,
+            Projection::Linear(lin) => to_map(&lin.forward(&tokens)?, c)?,
+        };
+        out + residual
+    }
+}

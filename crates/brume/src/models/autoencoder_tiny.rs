@@ -1,0 +1,246 @@
+//! `AutoencoderTiny` (TAESD): a small conv-only VAE for fast decoding and
+//! previews. Encoder and decoder load separately, like the full VAE.
+
+use std::path::Path;
+
+use candle_core::{DType, Device, Tensor};
+use serde_json::json;
+
+use super::config::ConfigReader;
+use crate::error::LoadError;
+use crate::layers::{Activation, Conv2d, Conv2dConfig};
+use crate::loading::{Loader, WeightStore, Weights};
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct AutoencoderTinyConfig {
+    pub in_channels: usize,
+    pub out_channels: usize,
+    pub encoder_block_out_channels: Vec<usize>,
+    pub decoder_block_out_channels: Vec<usize>,
+    pub num_encoder_blocks: Vec<usize>,
+    pub num_decoder_blocks: Vec<usize>,
+    pub latent_channels: usize,
+    pub act_fn: Activation,
+    pub upsampling_scaling_factor: usize,
+    pub scaling_factor: f64,
+    pub shift_factor: f64,
+}
+
+impl AutoencoderTinyConfig {
+    pub fn from_file(path: &Path) -> Result<Self, LoadError> {
+        Self::from_reader(&ConfigReader::open(path)?)
+    }
+
+    pub fn from_reader(c: &ConfigReader) -> Result<Self, LoadError> {
+        if let Some(name) = c.string("_class_name")? {
+            if name != "AutoencoderTiny" {
+                return Err(c.error("_class_name", format!("`{name}` is not an AutoencoderTiny")));
+            }
+        }
+        c.expect_one_of("upsample_fn", &[json!("nearest")])?;
+        let list = |f: &str, d: [usize; 4]| -> Result<Vec<usize>, LoadError> {
+            match c.get(f) {
+                None => Ok(d.to_vec()),
+                Some(_) => c.usizes(f),
+            }
+        };
+        let cfg = Self {
+            in_channels: c.usize("in_channels", Some(3))?,
+            out_channels: c.usize("out_channels", Some(3))?,
+            encoder_block_out_channels: list("encoder_block_out_channels", [64, 64, 64, 64])?,
+            decoder_block_out_channels: list("decoder_block_out_channels", [64, 64, 64, 64])?,
+            num_encoder_blocks: list("num_encoder_blocks", [1, 3, 3, 3])?,
+            num_decoder_blocks: list("num_decoder_blocks", [3, 3, 3, 1])?,
+            latent_channels: c.usize("latent_channels", Some(4))?,
+            act_fn: {
+                let name = c.string("act_fn")?.unwrap_or_else(|| "relu".into());
+                Activation::parse(&name).ok_or_else(|| c.error("act_fn", format!("`{name}` is not supported")))?
+            },
+            upsampling_scaling_factor: c.usize("upsampling_scaling_factor", Some(2))?,
+            scaling_factor: c.f64("scaling_factor", 1.0)?,
+            shift_factor: c.f64("shift_factor", 0.0)?,
+        };
+        if cfg.encoder_block_out_channels.len() != cfg.num_encoder_blocks.len() || cfg.encoder_block_out_channels.is_empty() {
+            return Err(c.error("num_encoder_blocks", "must have one entry per encoder_block_out_channels entry"));
+        }
+        if cfg.decoder_block_out_channels.len() != cfg.num_decoder_blocks.len() || cfg.decoder_block_out_channels.is_empty() {
+            return Err(c.error("num_decoder_blocks", "must have one entry per decoder_block_out_channels entry"));
+        }
+        Ok(cfg)
+    }
+
+    pub fn scale_factor(&self) -> usize {
+        self.upsampling_scaling_factor.pow(self.decoder_block_out_channels.len() as u32 - 1)
+    }
+}
+
+/// `AutoencoderTinyBlock`: three 3x3 convs with activations, a skip, and a ReLU.
+struct TinyBlock {
+    convs: [Conv2d; 3],
+    skip: Option<Conv2d>,
+    act: Activation,
+}
+
+impl TinyBlock {
+    fn load(w: &Weights, in_ch: usize, out_ch: usize, act: Activation) -> Result<Self, LoadError> {
+        let c = w.pp("conv");
+        Ok(Self {
+            convs: [
+                Conv2d::load(&c.pp(0), in_ch, out_ch, Conv2dConfig::K3, true)?,
+                Conv2d::load(&c.pp(2), out_ch, out_ch, Conv2dConfig::K3, true)?,
+                Conv2d::load(&c.pp(4), out_ch, out_ch, Conv2dConfig::K3, true)?,
+            ],
+            skip: (in_ch != out_ch)
+                .then(|| Conv2d::load(&w.pp("skip"), in_ch, out_ch, Conv2dConfig::K1, false))
+                .transpose()?,
+            act,
+        })
+    }
+
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        let h = self.act.forward(&self.convs[0].forward(x)?)?;
+        let h = self.act.forward(&self.convs[1].forward(&h)?)?;
+        let h = self.convs[2].forward(&h)?;
+        let skip = match &self.skip {
+            Some(s) => s.forward(x)?,
+            None => x.clone(),
+        };
+        (h + skip)?.relu()
+    }
+}
+
+enum Layer {
+    Conv(Conv2d),
+    Block(TinyBlock),
+    Act(Activation),
+    Upsample(usize),
+}
+
+impl Layer {
+    fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        match self {
+            Layer::Conv(c) => c.forward(x),
+            Layer::Block(b) => b.forward(x),
+            Layer::Act(a) => a.forward(x),
+            Layer::Upsample(f) => {
+                let (_, _, h, w) = x.dims4()?;
+                x.upsample_nearest2d(h * f, w * f)
+            }
+        }
+    }
+}
+
+/// Mirrors an `nn.Sequential`: parameter-free layers still take an index.
+struct Sequential<'a> {
+    w: Weights<'a>,
+    layers: Vec<Layer>,
+}
+
+impl<'a> Sequential<'a> {
+    fn new(w: Weights<'a>) -> Self {
+        Self { w, layers: Vec::new() }
+    }
+
+    fn next(&self) -> Weights<'a> {
+        self.w.pp(self.layers.len())
+    }
+
+    fn conv(&mut self, i: usize, o: usize, stride: usize, bias: bool) -> Result<(), LoadError> {
+        let cfg = Conv2dConfig {
+            kernel: 3,
+            stride,
+            padding: 1,
+        };
+        let c = Conv2d::load(&self.next(), i, o, cfg, bias)?;
+        self.layers.push(Layer::Conv(c));
+        Ok(())
+    }
+
+    fn block(&mut self, ch: usize, act: Activation) -> Result<(), LoadError> {
+        let b = TinyBlock::load(&self.next(), ch, ch, act)?;
+        self.layers.push(Layer::Block(b));
+        Ok(())
+    }
+}
+
+fn run(layers: &[Layer], x: &Tensor) -> candle_core::Result<Tensor> {
+    layers.iter().try_fold(x.clone(), |h, l| l.forward(&h))
+}
+
+/// TAESD encoder: images in [-1, 1] to latents (unscaled, as diffusers returns them).
+pub struct TinyEncoder {
+    layers: Vec<Layer>,
+}
+
+impl TinyEncoder {
+    pub fn load(store: &WeightStore, cfg: &AutoencoderTinyConfig, device: &Device, dtype: DType) -> Result<Self, LoadError> {
+        let loader = store.loader("vae encoder (AutoencoderTiny)", device, dtype);
+        let model = Self::from_loader(&loader, cfg)?;
+        loader.finish(&["encoder."])?;
+        Ok(model)
+    }
+
+    /// Builds the module from any loader (a file-backed one, or a recorder).
+    pub fn from_loader(loader: &Loader, cfg: &AutoencoderTinyConfig) -> Result<Self, LoadError> {
+        let mut s = Sequential::new(loader.root().pp("encoder").pp("layers"));
+        for (i, (&ch, &blocks)) in cfg.encoder_block_out_channels.iter().zip(&cfg.num_encoder_blocks).enumerate() {
+            if i == 0 {
+                s.conv(cfg.in_channels, ch, 1, true)?;
+            } else {
+                s.conv(ch, ch, 2, false)?;
+            }
+            for _ in 0..blocks {
+                s.block(ch, cfg.act_fn)?;
+            }
+        }
+        let last = *cfg.encoder_block_out_channels.last().unwrap_or(&0);
+        s.conv(last, cfg.latent_channels, 1, true)?;
+        let layers = s.layers;
+        Ok(Self { layers })
+    }
+
+    pub fn encode(&self, image: &Tensor) -> candle_core::Result<Tensor> {
+        run(&self.layers, &((image + 1.0)? / 2.0)?)
+    }
+}
+
+/// TAESD decoder: latents (unscaled) to images in [-1, 1].
+pub struct TinyDecoder {
+    layers: Vec<Layer>,
+}
+
+impl TinyDecoder {
+    pub fn load(store: &WeightStore, cfg: &AutoencoderTinyConfig, device: &Device, dtype: DType) -> Result<Self, LoadError> {
+        let loader = store.loader("vae decoder (AutoencoderTiny)", device, dtype);
+        let model = Self::from_loader(&loader, cfg)?;
+        loader.finish(&["decoder."])?;
+        Ok(model)
+    }
+
+    /// Builds the module from any loader (a file-backed one, or a recorder).
+    pub fn from_loader(loader: &Loader, cfg: &AutoencoderTinyConfig) -> Result<Self, LoadError> {
+        let mut s = Sequential::new(loader.root().pp("decoder").pp("layers"));
+        let chans = &cfg.decoder_block_out_channels;
+        s.conv(cfg.latent_channels, chans[0], 1, true)?;
+        s.layers.push(Layer::Act(cfg.act_fn));
+        let n = chans.len();
+        for (i, (&ch, &blocks)) in chans.iter().zip(&cfg.num_decoder_blocks).enumerate() {
+            let last = i + 1 == n;
+            for _ in 0..blocks {
+                s.block(ch, cfg.act_fn)?;
+            }
+            if !last {
+                s.layers.push(Layer::Upsample(cfg.upsampling_scaling_factor));
+            }
+            let out = if last { cfg.out_channels } else { ch };
+            s.conv(ch, out, 1, last)?;
+        }
+        let layers = s.layers;
+        Ok(Self { layers })
+    }
+
+    pub fn decode(&self, latents: &Tensor) -> candle_core::Result<Tensor> {
+        let x = ((latents / 3.0)?.tanh()? * 3.0)?;
+        (run(&self.layers, &x)? * 2.0)? - 1.0
+    }
+}

@@ -1,0 +1,311 @@
+//! A Stable Diffusion model on disk, opened but not loaded: configs parsed,
+//! weight files mapped, and each segment loadable (and droppable) on its own.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use brume_tokenizer::{ClipTokenizer, PadToken};
+use candle_core::{DType, Device, Tensor};
+
+use crate::error::LoadError;
+use crate::loading::diffusers::{open_component, ModelIndex};
+use crate::loading::{Component, Segment, WeightStore};
+use crate::models::config::ConfigReader;
+use crate::models::{
+    AutoencoderKLConfig, AutoencoderTinyConfig, ClipTextConfig, ClipTextModel, LatentDistribution, TinyDecoder,
+    TinyEncoder, UNet2DConditionModel, UNetConfig, VaeDecoder, VaeEncoder,
+};
+use crate::samplers::ScheduleConfig;
+
+/// Which VAE the model uses.
+#[derive(Debug, Clone, PartialEq)]
+pub enum VaeConfig {
+    Kl(AutoencoderKLConfig),
+    Tiny(AutoencoderTinyConfig),
+}
+
+impl VaeConfig {
+    /// Reads a VAE `config.json`, dispatching on `_class_name`.
+    pub fn from_file(path: &Path) -> Result<Self, LoadError> {
+        let c = ConfigReader::open(path)?;
+        match c.string("_class_name")?.as_deref() {
+            Some("AutoencoderTiny") => Ok(Self::Tiny(AutoencoderTinyConfig::from_reader(&c)?)),
+            None | Some("AutoencoderKL") => Ok(Self::Kl(AutoencoderKLConfig::from_reader(&c)?)),
+            Some(other) => Err(c.error("_class_name", format!("`{other}` is not a supported VAE"))),
+        }
+    }
+
+    pub fn scaling_factor(&self) -> f64 {
+        match self {
+            Self::Kl(c) => c.scaling_factor,
+            Self::Tiny(c) => c.scaling_factor,
+        }
+    }
+
+    pub fn shift_factor(&self) -> f64 {
+        match self {
+            Self::Kl(c) => c.shift_factor,
+            Self::Tiny(c) => c.shift_factor,
+        }
+    }
+
+    pub fn latent_channels(&self) -> usize {
+        match self {
+            Self::Kl(c) => c.latent_channels,
+            Self::Tiny(c) => c.latent_channels,
+        }
+    }
+
+    /// Pixels per latent along each axis.
+    pub fn scale_factor(&self) -> usize {
+        match self {
+            Self::Kl(c) => c.scale_factor(),
+            Self::Tiny(c) => c.scale_factor(),
+        }
+    }
+
+    pub fn class_name(&self) -> &'static str {
+        match self {
+            Self::Kl(_) => "AutoencoderKL",
+            Self::Tiny(_) => "AutoencoderTiny",
+        }
+    }
+}
+
+/// A loaded VAE encoder of either kind.
+pub enum AnyVaeEncoder {
+    Kl(VaeEncoder),
+    Tiny(TinyEncoder),
+}
+
+impl AnyVaeEncoder {
+    /// Images in [-1, 1] to the latent distribution (the tiny VAE's is a point).
+    pub fn encode(&self, image: &Tensor) -> candle_core::Result<LatentDistribution> {
+        match self {
+            Self::Kl(e) => e.encode(image),
+            Self::Tiny(e) => {
+                let mean = e.encode(image)?;
+                let logvar = (mean.zeros_like()? - 30.0)?;
+                Ok(LatentDistribution { mean, logvar })
+            }
+        }
+    }
+}
+
+/// A loaded VAE decoder of either kind.
+pub enum AnyVaeDecoder {
+    Kl(VaeDecoder),
+    Tiny(TinyDecoder),
+}
+
+impl AnyVaeDecoder {
+    /// Unscaled latents to images in [-1, 1].
+    pub fn decode(&self, latents: &Tensor) -> candle_core::Result<Tensor> {
+        match self {
+            Self::Kl(d) => d.decode(latents),
+            Self::Tiny(d) => d.decode(latents),
+        }
+    }
+}
+
+/// Options for opening a model.
+#[derive(Debug, Clone, Default)]
+pub struct OpenOptions {
+    /// Weight variant to prefer (`fp16`), as diffusers' `variant=`.
+    pub variant: Option<String>,
+    /// For single-file checkpoints: a diffusers folder whose component configs
+    /// (and tokenizer) describe the checkpoint, instead of the bundled SD configs.
+    pub config_dir: Option<PathBuf>,
+}
+
+/// An opened model: everything but the weights themselves.
+pub struct SdModel {
+    pub name: String,
+    pub root: PathBuf,
+    pub pipeline_class: Option<String>,
+    pub text_config: ClipTextConfig,
+    pub unet_config: UNetConfig,
+    pub vae_config: VaeConfig,
+    pub schedule: ScheduleConfig,
+    pub tokenizer: ClipTokenizer,
+    stores: BTreeMap<Component, WeightStore>,
+}
+
+impl SdModel {
+    /// Opens a diffusers folder (with `model_index.json`).
+    pub fn open(path: &Path, opts: &OpenOptions) -> Result<Self, LoadError> {
+        if !path.exists() {
+            return Err(LoadError::NotFound {
+                path: path.to_path_buf(),
+                hint: " (expected a diffusers model folder or a .safetensors checkpoint)".into(),
+            });
+        }
+        if path.is_file() {
+            return super::single_file::open(path, opts);
+        }
+        let index_path = path.join("model_index.json");
+        let index = if index_path.is_file() {
+            Some(ModelIndex::read(&index_path)?)
+        } else {
+            None
+        };
+        if let Some(idx) = &index {
+            for (component, expected) in [("unet", "UNet2DConditionModel"), ("text_encoder", "CLIPTextModel")] {
+                if let Some(class) = idx.class_of(component) {
+                    if class != expected {
+                        return Err(LoadError::Layout {
+                            path: index_path.clone(),
+                            reason: format!("component `{component}` is a {class}; brume supports {expected}"),
+                        });
+                    }
+                }
+            }
+        } else if !path.join("unet").is_dir() {
+            return Err(LoadError::NotFound {
+                path: index_path,
+                hint: " (not a diffusers model folder: no model_index.json and no unet/)".into(),
+            });
+        }
+        let variant = opts.variant.as_deref();
+        let text_config = ClipTextConfig::from_file(&path.join("text_encoder").join("config.json"))?;
+        let unet_config = UNetConfig::from_file(&path.join("unet").join("config.json"))?;
+        let vae_config = VaeConfig::from_file(&path.join("vae").join("config.json"))?;
+        let sched_path = path.join("scheduler").join("scheduler_config.json");
+        let schedule = if sched_path.is_file() {
+            ScheduleConfig::from_file(&sched_path)?
+        } else {
+            tracing::warn!("{} absent; using the SD 1.x training schedule", sched_path.display());
+            ScheduleConfig::default()
+        };
+        let tok_dir = path.join("tokenizer");
+        let tokenizer = if tok_dir.is_dir() {
+            ClipTokenizer::from_model_dir(&tok_dir)?
+        } else {
+            tracing::warn!("{} absent; using the built-in CLIP vocabulary", tok_dir.display());
+            ClipTokenizer::builtin(PadToken::EndOfText)
+        };
+        let mut stores = BTreeMap::new();
+        for c in [Component::TextEncoder, Component::Unet, Component::Vae] {
+            stores.insert(c, open_component(&path.join(c.folder()), variant)?);
+        }
+        let model = Self {
+            name: display_name(path),
+            root: path.to_path_buf(),
+            pipeline_class: index.and_then(|i| i.pipeline_class),
+            text_config,
+            unet_config,
+            vae_config,
+            schedule,
+            tokenizer,
+            stores,
+        };
+        model.check_compatible()?;
+        Ok(model)
+    }
+
+    /// Assembles a model from parts already read (single-file checkpoints).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn from_parts(
+        name: String,
+        root: PathBuf,
+        text_config: ClipTextConfig,
+        unet_config: UNetConfig,
+        vae_config: VaeConfig,
+        schedule: ScheduleConfig,
+        tokenizer: ClipTokenizer,
+        stores: BTreeMap<Component, WeightStore>,
+    ) -> Result<Self, LoadError> {
+        let m = Self {
+            name,
+            root,
+            pipeline_class: None,
+            text_config,
+            unet_config,
+            vae_config,
+            schedule,
+            tokenizer,
+            stores,
+        };
+        m.check_compatible()?;
+        Ok(m)
+    }
+
+    /// Cross-component agreement that no single config can check.
+    fn check_compatible(&self) -> Result<(), LoadError> {
+        let cross = self.unet_config.cross_attention_dim[0];
+        if cross != self.text_config.hidden_size {
+            return Err(LoadError::Layout {
+                path: self.root.clone(),
+                reason: format!(
+                    "the UNet's cross_attention_dim is {cross} but the text encoder's hidden_size is {}",
+                    self.text_config.hidden_size
+                ),
+            });
+        }
+        let lat = self.vae_config.latent_channels();
+        let unet_out = self.unet_config.out_channels;
+        if unet_out != lat {
+            return Err(LoadError::Layout {
+                path: self.root.clone(),
+                reason: format!("the UNet predicts {unet_out} channels but the VAE has {lat} latent channels"),
+            });
+        }
+        let unet_in = self.unet_config.in_channels;
+        if unet_in != lat && unet_in != 2 * lat + 1 {
+            return Err(LoadError::Layout {
+                path: self.root.clone(),
+                reason: format!("the UNet takes {unet_in} channels; expected {lat} or {} (inpainting)", 2 * lat + 1),
+            });
+        }
+        Ok(())
+    }
+
+    pub fn store(&self, c: Component) -> &WeightStore {
+        &self.stores[&c]
+    }
+
+    /// Bytes on disk of a segment's weights.
+    pub fn segment_bytes(&self, s: Segment) -> usize {
+        match s {
+            Segment::TextEncoder => self.store(Component::TextEncoder).nbytes(&[]),
+            Segment::Unet => self.store(Component::Unet).nbytes(&[]),
+            Segment::VaeEncoder => self.store(Component::Vae).nbytes(&["encoder.", "quant_conv."]),
+            Segment::VaeDecoder => self.store(Component::Vae).nbytes(&["decoder.", "post_quant_conv."]),
+        }
+    }
+
+    pub fn text_encoder(&self, device: &Device, dtype: DType) -> Result<ClipTextModel, LoadError> {
+        ClipTextModel::load(self.store(Component::TextEncoder), &self.text_config, device, dtype)
+    }
+
+    pub fn unet(&self, device: &Device, dtype: DType) -> Result<UNet2DConditionModel, LoadError> {
+        UNet2DConditionModel::load(self.store(Component::Unet), &self.unet_config, device, dtype)
+    }
+
+    pub fn vae_encoder(&self, device: &Device, dtype: DType) -> Result<AnyVaeEncoder, LoadError> {
+        let store = self.store(Component::Vae);
+        Ok(match &self.vae_config {
+            VaeConfig::Kl(c) => AnyVaeEncoder::Kl(VaeEncoder::load(store, c, device, dtype)?),
+            VaeConfig::Tiny(c) => AnyVaeEncoder::Tiny(TinyEncoder::load(store, c, device, dtype)?),
+        })
+    }
+
+    pub fn vae_decoder(&self, device: &Device, dtype: DType) -> Result<AnyVaeDecoder, LoadError> {
+        let store = self.store(Component::Vae);
+        Ok(match &self.vae_config {
+            VaeConfig::Kl(c) => AnyVaeDecoder::Kl(VaeDecoder::load(store, c, device, dtype)?),
+            VaeConfig::Tiny(c) => AnyVaeDecoder::Tiny(TinyDecoder::load(store, c, device, dtype)?),
+        })
+    }
+
+    /// Default output size: the UNet's `sample_size` in pixels (512 for SD 1.5).
+    pub fn default_size(&self) -> usize {
+        self.unet_config.sample_size.unwrap_or(64) * self.vae_config.scale_factor()
+    }
+}
+
+fn display_name(path: &Path) -> String {
+    path.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| path.display().to_string())
+}
