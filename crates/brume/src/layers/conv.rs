@@ -1,5 +1,7 @@
 use candle_core::{Result, Tensor};
 
+use super::mapped;
+use super::Param;
 use crate::error::LoadError;
 use crate::loading::Weights;
 
@@ -26,20 +28,24 @@ impl Conv2dConfig {
 /// 2-D convolution over NCHW tensors.
 #[derive(Debug, Clone)]
 pub struct Conv2d {
-    weight: Tensor,
+    weight: Param,
     bias: Option<Tensor>,
     cfg: Conv2dConfig,
 }
 
 impl Conv2d {
     pub fn load(w: &Weights, in_ch: usize, out_ch: usize, cfg: Conv2dConfig, bias: bool) -> std::result::Result<Self, LoadError> {
-        let weight = w.tensor("weight", &[out_ch, in_ch, cfg.kernel, cfg.kernel])?;
+        let weight = Param::load(w, "weight", &[out_ch, in_ch, cfg.kernel, cfg.kernel])?;
         let bias = if bias { Some(w.tensor("bias", &[out_ch])?) } else { None };
         Ok(Self { weight, bias, cfg })
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = x.conv2d(&self.weight, self.cfg.padding, self.cfg.stride, 1, 1)?;
+        let y = match &self.weight {
+            Param::Mapped(m) if x.dtype() == candle_core::DType::F32 => mapped::conv2d(x, m, self.cfg.stride, self.cfg.padding)?,
+            Param::Mapped(m) => x.conv2d(&m.to_tensor(x.device())?, self.cfg.padding, self.cfg.stride, 1, 1)?,
+            Param::Dense(t) => x.conv2d(t, self.cfg.padding, self.cfg.stride, 1, 1)?,
+        };
         match &self.bias {
             Some(b) => y.broadcast_add(&b.reshape((1, b.dim(0)?, 1, 1))?),
             None => Ok(y),

@@ -1,12 +1,15 @@
 use candle_core::{Result, Tensor};
 
+use super::mapped;
+use super::Param;
 use crate::error::LoadError;
 use crate::loading::Weights;
 
 /// A lookup table of `rows` vectors of size `dim`.
 #[derive(Debug, Clone)]
 pub struct Embedding {
-    table: Tensor,
+    table: Param,
+    dim: usize,
     rows: usize,
 }
 
@@ -15,8 +18,9 @@ impl Embedding {
     /// OpenCLIP's bare `positional_embedding` once mapped).
     pub fn load(w: &Weights, leaf: &str, rows: usize, dim: usize) -> std::result::Result<Self, LoadError> {
         Ok(Self {
-            table: w.tensor(leaf, &[rows, dim])?,
+            table: Param::load(w, leaf, &[rows, dim])?,
             rows,
+            dim,
         })
     }
 
@@ -28,9 +32,12 @@ impl Embedding {
         if max >= self.rows {
             candle_core::bail!("token id {max} is out of range for an embedding table of {} rows", self.rows);
         }
-        let out = self.table.index_select(&flat, 0)?;
+        let out = match &self.table {
+            Param::Mapped(m) => mapped::gather_rows(m, &flat.to_vec1::<u32>()?, ids.device())?,
+            Param::Dense(t) => t.index_select(&flat, 0)?,
+        };
         let mut shape = ids.dims().to_vec();
-        shape.push(self.table.dim(1)?);
+        shape.push(self.dim);
         out.reshape(shape)
     }
 }

@@ -1,12 +1,14 @@
 use candle_core::{Result, Tensor};
 
+use super::mapped;
+use super::Param;
 use crate::error::LoadError;
 use crate::loading::Weights;
 
 /// `y = x W^T + b` over the last dimension, any number of leading dimensions.
 #[derive(Debug, Clone)]
 pub struct Linear {
-    weight: Tensor,
+    weight: Param,
     bias: Option<Tensor>,
     in_features: usize,
     out_features: usize,
@@ -15,7 +17,7 @@ pub struct Linear {
 impl Linear {
     /// Loads `weight` [out, in] and, when `bias`, `bias` [out].
     pub fn load(w: &Weights, in_features: usize, out_features: usize, bias: bool) -> std::result::Result<Self, LoadError> {
-        let weight = w.tensor("weight", &[out_features, in_features])?;
+        let weight = Param::load(w, "weight", &[out_features, in_features])?;
         let bias = if bias {
             Some(w.tensor("bias", &[out_features])?)
         } else {
@@ -37,7 +39,11 @@ impl Linear {
         let dims = x.dims().to_vec();
         let rows: usize = dims[..dims.len() - 1].iter().product();
         let x2 = x.reshape((rows, self.in_features))?;
-        let y = x2.matmul(&self.weight.t()?)?;
+        let y = match &self.weight {
+            Param::Mapped(m) if x2.dtype() == candle_core::DType::F32 => mapped::linear(&x2, m)?,
+            Param::Mapped(m) => x2.matmul(&m.to_tensor(x2.device())?.t()?)?,
+            Param::Dense(t) => x2.matmul(&t.t()?)?,
+        };
         let y = match &self.bias {
             Some(b) => y.broadcast_add(b)?,
             None => y,

@@ -10,7 +10,9 @@ mod attention;
 mod conv;
 mod embedding;
 mod linear;
+pub mod mapped;
 mod norm;
+mod param;
 
 pub use activation::Activation;
 pub use attention::{attention, AttentionMask};
@@ -18,3 +20,4 @@ pub use conv::{Conv2d, Conv2dConfig};
 pub use embedding::Embedding;
 pub use linear::Linear;
 pub use norm::{GroupNorm, LayerNorm};
+pub use param::Param;

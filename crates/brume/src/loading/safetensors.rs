@@ -256,6 +256,11 @@ impl SafetensorsFile {
         &self.mmap[entry.start..entry.end]
     }
 
+    /// The whole mapping (header included).
+    pub fn raw(&self) -> &[u8] {
+        &self.mmap
+    }
+
     /// Size of the mapped file in bytes.
     pub fn file_len(&self) -> usize {
         self.mmap.len()

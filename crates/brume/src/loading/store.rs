@@ -294,6 +294,11 @@ impl<'a> Weights<'a> {
         self.loader.dtype
     }
 
+    /// Whether this view belongs to a recording loader (no file behind it).
+    pub fn is_recording(&self) -> bool {
+        self.loader.recording.is_some()
+    }
+
     /// Marks `leaf` as known and deliberately unused (a saved buffer such as
     /// `position_ids`), so it does not count as unexpected.
     pub fn ignore(&self, leaf: &str) {

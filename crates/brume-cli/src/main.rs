@@ -1,0 +1,46 @@
+//! `brume`: generate and inspect Stable Diffusion models on this machine, offline.
+
+mod commands;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "brume", version, about = "Offline, on-device latent diffusion")]
+struct Cli {
+    /// Log level filter (error, warn, info, debug, trace); RUST_LOG also works.
+    #[arg(long, global = true, default_value = "warn")]
+    log: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Text to image.
+    Generate(commands::generate::Args),
+    /// Print a model's architecture, parameter counts and bytes per segment.
+    Inspect(commands::inspect::Args),
+    /// Write a random-weight model of a real architecture (for speed and memory work).
+    RandomModel(commands::random_model::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&cli.log));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let result = match cli.command {
+        Command::Generate(a) => commands::generate::run(a),
+        Command::Inspect(a) => commands::inspect::run(a),
+        Command::RandomModel(a) => commands::random_model::run(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
