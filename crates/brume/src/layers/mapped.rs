@@ -71,7 +71,25 @@ fn parallelism() -> Parallelism {
 /// `dst[m, n] = a[m, k] * b[k, n]` with explicit (row, column) strides.
 #[allow(clippy::too_many_arguments)]
 fn sgemm(m: usize, n: usize, k: usize, dst: &mut [f32], a: &[f32], a_rs: usize, a_cs: usize, b: &[f32], b_rs: usize, b_cs: usize) {
-    debug_assert!(dst.len() >= m * n);
+    sgemm_strided(m, n, k, dst, n, a, a_rs, a_cs, b, b_rs, b_cs)
+}
+
+/// As [`sgemm`], writing rows of `dst` `dst_rs` elements apart.
+#[allow(clippy::too_many_arguments)]
+fn sgemm_strided(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: &mut [f32],
+    dst_rs: usize,
+    a: &[f32],
+    a_rs: usize,
+    a_cs: usize,
+    b: &[f32],
+    b_rs: usize,
+    b_cs: usize,
+) {
+    assert!(m == 0 || n == 0 || dst.len() >= (m - 1) * dst_rs + n);
     // SAFETY: the strides and sizes describe memory inside the slices (checked by callers' shapes).
     unsafe {
         gemm(
@@ -80,7 +98,7 @@ fn sgemm(m: usize, n: usize, k: usize, dst: &mut [f32], a: &[f32], a_rs: usize, 
             k,
             dst.as_mut_ptr(),
             1,
-            n as isize,
+            dst_rs as isize,
             false,
             a.as_ptr(),
             a_cs as isize,
@@ -164,33 +182,45 @@ impl CustomOp1 for ConvOp<'_> {
         let weights = self.w.data();
         let mut dst = vec![0f32; b * o * hw];
         let direct = kh == 1 && kw == 1 && s == 1 && p == 0;
-        let mut cols = if direct { Vec::new() } else { vec![0f32; ck * hw] };
+        // Unfold a band of output rows at a time so the patch buffer stays near
+        // COLS_BUDGET whatever the image size (a whole 512x512 VAE layer would need ~1.2 GB).
+        const COLS_BUDGET: usize = 16 << 20;
+        let band = (COLS_BUDGET / (4 * ck * wo).max(1)).clamp(1, ho);
+        let mut cols = if direct { Vec::new() } else { vec![0f32; ck * band * wo] };
         for n in 0..b {
             let img = &x[n * c * h * w..(n + 1) * c * h * w];
-            let rhs: &[f32] = if direct {
-                img
-            } else {
-                im2col(img, c, h, w, kh, kw, s, p, ho, wo, &mut cols);
-                &cols
-            };
-            sgemm(o, hw, ck, &mut dst[n * o * hw..(n + 1) * o * hw], weights, ck, 1, rhs, hw, 1);
+            let out = &mut dst[n * o * hw..(n + 1) * o * hw];
+            if direct {
+                sgemm(o, hw, ck, out, weights, ck, 1, img, hw, 1);
+                continue;
+            }
+            let mut oy0 = 0;
+            while oy0 < ho {
+                let rows = band.min(ho - oy0);
+                let cols = &mut cols[..ck * rows * wo];
+                im2col(img, c, h, w, kh, kw, s, p, oy0, rows, wo, cols);
+                let n_cols = rows * wo;
+                sgemm_strided(o, n_cols, ck, &mut out[oy0 * wo..], hw, weights, ck, 1, cols, n_cols, 1);
+                oy0 += rows;
+            }
         }
         Ok((CpuStorage::F32(dst), Shape::from((b, o, ho, wo))))
     }
 }
 
-/// Unfolds one image into [c * kh * kw, ho * wo] patch columns (zero padding).
+/// Unfolds output rows `oy0..oy0 + rows` of one image into [c * kh * kw, rows * wo]
+/// patch columns (zero padding).
 #[allow(clippy::too_many_arguments)]
-fn im2col(img: &[f32], c: usize, h: usize, w: usize, kh: usize, kw: usize, s: usize, p: usize, ho: usize, wo: usize, cols: &mut [f32]) {
-    let hw = ho * wo;
+fn im2col(img: &[f32], c: usize, h: usize, w: usize, kh: usize, kw: usize, s: usize, p: usize, oy0: usize, rows: usize, wo: usize, cols: &mut [f32]) {
+    let hw = rows * wo;
     for ci in 0..c {
         let plane = &img[ci * h * w..(ci + 1) * h * w];
         for ky in 0..kh {
             for kx in 0..kw {
                 let row = &mut cols[((ci * kh + ky) * kw + kx) * hw..][..hw];
-                for oy in 0..ho {
-                    let iy = (oy * s + ky) as isize - p as isize;
-                    let out = &mut row[oy * wo..(oy + 1) * wo];
+                for r in 0..rows {
+                    let iy = ((oy0 + r) * s + ky) as isize - p as isize;
+                    let out = &mut row[r * wo..(r + 1) * wo];
                     if iy < 0 || iy >= h as isize {
                         out.fill(0.0);
                         continue;
@@ -272,6 +302,9 @@ mod tests {
             (1, 8, 4, 8, 8, 3, 2, 1),
             (1, 5, 6, 7, 9, 3, 2, 0),
             (2, 16, 8, 5, 6, 1, 1, 0),
+            // Big enough that the patch buffer is split into bands of rows.
+            (1, 64, 4, 130, 70, 3, 1, 1),
+            (1, 64, 4, 129, 71, 3, 2, 1),
         ] {
             let (wm, wt, _d) = mapped(&[o, c, k, k], 3);
             let x = crate::samplers::Rng::new(4).randn(&[b, c, h, w], &Device::Cpu).unwrap();
