@@ -141,6 +141,9 @@ fn assert_names(e: &TokenizerError, file: &str, what: &str) {
 #[test]
 fn missing_files_are_named() {
     let dir = tempfile::tempdir().unwrap();
+    // One of the pair present, the other missing: an error naming the missing one.
+    write_tiny(dir.path(), &TINY_MERGES[..3]);
+    fs::remove_file(dir.path().join("vocab.json")).unwrap();
     let e = expect_err(ClipTokenizer::from_model_dir(dir.path()));
     assert!(matches!(e, TokenizerError::Io { .. }));
     assert_names(&e, "vocab.json", "cannot read");
@@ -157,6 +160,17 @@ fn missing_files_are_named() {
         77,
     ));
     assert_names(&e, "nope.json", "cannot read");
+}
+
+#[test]
+fn configs_without_vocabulary_files_use_the_embedded_vocabulary() {
+    let dir = tempfile::tempdir().unwrap();
+    fs::write(dir.path().join("special_tokens_map.json"), r#"{"pad_token": "!"}"#).unwrap();
+    let tok = ClipTokenizer::from_model_dir(dir.path()).unwrap();
+    let builtin = ClipTokenizer::builtin(PadToken::Exclamation);
+    assert_eq!(tok.pad_id(), 0);
+    assert_eq!(tok.vocab_size(), builtin.vocab_size());
+    assert_eq!(tok.encode_padded("a photo of a cat!"), builtin.encode_padded("a photo of a cat!"));
 }
 
 #[test]

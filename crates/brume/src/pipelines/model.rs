@@ -188,18 +188,17 @@ impl SdModel {
         for c in [Component::TextEncoder, Component::Unet, Component::Vae] {
             stores.insert(c, open_component(&path.join(c.folder()), variant)?);
         }
-        let model = Self {
-            name: display_name(path),
-            root: path.to_path_buf(),
-            pipeline_class: index.and_then(|i| i.pipeline_class),
+        let mut model = Self::from_parts(
+            display_name(path),
+            path.to_path_buf(),
             text_config,
             unet_config,
             vae_config,
             schedule,
             tokenizer,
             stores,
-        };
-        model.check_compatible()?;
+        )?;
+        model.pipeline_class = index.and_then(|i| i.pipeline_class);
         Ok(model)
     }
 

@@ -121,7 +121,6 @@ pub fn open(path: &Path, opts: &OpenOptions) -> Result<SdModel, LoadError> {
         .file_stem()
         .map(|s| s.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let _ = opts;
     SdModel::from_parts(name, path.to_path_buf(), text_config, unet_config, vae_config, schedule, tokenizer, stores)
 }
 
