@@ -92,8 +92,10 @@ pub enum LoadError {
 /// Errors while running a model or pipeline.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
+    /// Boxed: a `LoadError` carries paths and names, and every `Result` in the
+    /// run path would otherwise grow to its size.
     #[error(transparent)]
-    Load(#[from] LoadError),
+    Load(Box<LoadError>),
     #[error("{0}")]
     Invalid(String),
     #[error("cancelled")]
@@ -106,6 +108,12 @@ pub enum RunError {
         #[source]
         source: std::io::Error,
     },
+}
+
+impl From<LoadError> for RunError {
+    fn from(e: LoadError) -> Self {
+        RunError::Load(Box::new(e))
+    }
 }
 
 pub type Result<T, E = RunError> = std::result::Result<T, E>;
