@@ -24,6 +24,7 @@ fn pipeline_case(case: &str) {
     // Timesteps are diffusers' DDIM timesteps.
     let steps = meta["steps"].as_u64().unwrap() as usize;
     let (want_ts, _) = io.i64("out.timesteps");
+    use brume::samplers::Sampler;
     let sampler = brume::samplers::Ddim::new(&model.schedule, steps, 0.0);
     let got_ts: Vec<i64> = sampler.timesteps().iter().map(|&t| t as i64).collect();
     assert_eq!(got_ts, want_ts, "timesteps");
@@ -38,6 +39,7 @@ fn pipeline_case(case: &str) {
         seed: 0,
         eta: 0.0,
         clip_skip: 0,
+        sampler: None,
     };
     let latents = io.f32("in.latents");
     let out = txt2img(&model, &req, &Device::Cpu, DType::F32, Some(&latents), &mut |_| {}).unwrap();

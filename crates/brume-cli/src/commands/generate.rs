@@ -36,6 +36,9 @@ pub struct Args {
     /// Output height in pixels (default: the model's native size).
     #[arg(long)]
     height: Option<usize>,
+    /// Sampler (default: the model's own scheduler config).
+    #[arg(long)]
+    sampler: Option<String>,
     /// Text-encoder layers to skip at the end (diffusers' clip_skip).
     #[arg(long, default_value_t = 0)]
     clip_skip: usize,
@@ -66,6 +69,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         seed: a.seed,
         eta: 0.0,
         clip_skip: a.clip_skip,
+        sampler: a.sampler.as_deref().map(brume::samplers::SamplerKind::parse).transpose()?,
     };
     let device = brume::runtime::default_device();
     let start = Instant::now();

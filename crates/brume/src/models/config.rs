@@ -56,6 +56,19 @@ impl ConfigReader {
         &self.path
     }
 
+    /// A reader over an already-parsed object.
+    pub fn from_map(path: &Path, obj: Map<String, Value>) -> Self {
+        Self {
+            path: path.to_path_buf(),
+            obj,
+        }
+    }
+
+    /// All fields as parsed.
+    pub fn raw(&self) -> &Map<String, Value> {
+        &self.obj
+    }
+
     pub fn error(&self, field: &str, reason: impl Into<String>) -> LoadError {
         LoadError::Config {
             path: self.path.clone(),

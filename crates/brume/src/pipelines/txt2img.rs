@@ -6,7 +6,7 @@ use candle_core::{DType, Device, Tensor};
 
 use super::model::SdModel;
 use crate::error::{Result, RunError};
-use crate::samplers::{Ddim, Rng};
+use crate::samplers::{self, Rng, SamplerKind};
 
 /// Everything that determines a txt2img result.
 #[derive(Debug, Clone)]
@@ -22,6 +22,8 @@ pub struct Txt2ImgRequest {
     pub eta: f64,
     /// Text-encoder layers to skip at the end (diffusers' `clip_skip`).
     pub clip_skip: usize,
+    /// `None`: the sampler the model's scheduler config names.
+    pub sampler: Option<SamplerKind>,
 }
 
 /// Progress reported between denoising steps.
@@ -107,7 +109,11 @@ pub fn txt2img(
         }
     };
 
-    let sampler = Ddim::new(&model.schedule, req.steps, req.eta);
+    let kind = match req.sampler {
+        Some(k) => k,
+        None => SamplerKind::from_config(&model.schedule)?,
+    };
+    let mut sampler = samplers::build(kind, &model.schedule, req.steps, req.eta)?;
     let f = model.vae_config.scale_factor();
     let shape = [1, model.vae_config.latent_channels(), req.height / f, req.width / f];
     let mut rng = Rng::new(req.seed);
@@ -133,9 +139,11 @@ pub fn txt2img(
             )?),
             None => None,
         };
-        let total = sampler.timesteps().len();
-        for (i, &t) in sampler.timesteps().iter().enumerate() {
-            let input = if guided { Tensor::cat(&[&latents, &latents], 0)? } else { latents.clone() };
+        let timesteps = sampler.timesteps().to_vec();
+        let total = timesteps.len();
+        for (i, &t) in timesteps.iter().enumerate() {
+            let scaled = sampler.scale_model_input(&latents, i)?;
+            let input = if guided { Tensor::cat(&[&scaled, &scaled], 0)? } else { scaled };
             let out = unet
                 .forward(&input.to_dtype(dtype)?, &[t as f32], &context, cond_embed.as_ref())?
                 .to_dtype(DType::F32)?;
@@ -146,7 +154,7 @@ pub fn txt2img(
             } else {
                 out
             };
-            latents = sampler.step(&noise_pred, t, &latents, &mut rng)?;
+            latents = sampler.step(&noise_pred, i, &latents, &mut rng)?;
             progress(Progress::Step { index: i + 1, total });
         }
     }

@@ -1,15 +1,15 @@
-//! DDIM (deterministic, eta = 0 by default), as diffusers' `DDIMScheduler`.
+//! DDIM (deterministic at eta = 0), as diffusers' `DDIMScheduler`.
 
 use candle_core::{Result, Tensor};
 
 use super::schedule::{PredictionType, ScheduleConfig};
-use super::Rng;
+use super::{NoiseSource, Sampler};
 
 pub struct Ddim {
     cfg: ScheduleConfig,
     alphas_cumprod: Vec<f32>,
     final_alpha_cumprod: f32,
-    timesteps: Vec<usize>,
+    timesteps: Vec<f64>,
     step_ratio: usize,
     eta: f64,
 }
@@ -20,7 +20,7 @@ impl Ddim {
         let final_alpha_cumprod = if cfg.set_alpha_to_one { 1.0 } else { alphas_cumprod[0] };
         let steps = steps.clamp(1, cfg.num_train_timesteps);
         Self {
-            timesteps: cfg.timesteps(steps),
+            timesteps: cfg.timesteps(steps).into_iter().map(|t| t as f64).collect(),
             step_ratio: cfg.num_train_timesteps / steps,
             alphas_cumprod,
             final_alpha_cumprod,
@@ -29,25 +29,34 @@ impl Ddim {
         }
     }
 
-    pub fn timesteps(&self) -> &[usize] {
-        &self.timesteps
-    }
-
-    /// DDIM needs no input scaling and starts from unit-variance noise.
-    pub fn init_noise_sigma(&self) -> f64 {
-        1.0
+    fn alpha(&self, t: usize) -> f32 {
+        self.alphas_cumprod[t.min(self.alphas_cumprod.len() - 1)]
     }
 
     fn alpha_prev(&self, t: usize) -> f32 {
         match t.checked_sub(self.step_ratio) {
-            Some(p) => self.alphas_cumprod[p.min(self.alphas_cumprod.len() - 1)],
+            Some(p) => self.alpha(p),
             None => self.final_alpha_cumprod,
         }
     }
+}
 
-    /// One denoising step from `t`: the sample at the previous timestep.
-    pub fn step(&self, model_output: &Tensor, t: usize, sample: &Tensor, rng: &mut Rng) -> Result<Tensor> {
-        let a_t = self.alphas_cumprod[t.min(self.alphas_cumprod.len() - 1)];
+impl Sampler for Ddim {
+    fn timesteps(&self) -> &[f64] {
+        &self.timesteps
+    }
+
+    fn init_noise_sigma(&self) -> f64 {
+        1.0
+    }
+
+    fn scale_model_input(&self, sample: &Tensor, _index: usize) -> Result<Tensor> {
+        Ok(sample.clone())
+    }
+
+    fn step(&mut self, model_output: &Tensor, index: usize, sample: &Tensor, noise: &mut dyn NoiseSource) -> Result<Tensor> {
+        let t = self.timesteps[index] as usize;
+        let a_t = self.alpha(t);
         let a_prev = self.alpha_prev(t);
         let b_t = 1.0 - a_t;
         let (sa, sb) = (a_t.sqrt() as f64, b_t.sqrt() as f64);
@@ -75,10 +84,15 @@ impl Ddim {
         let dir = (eps * ((1.0 - a_prev as f64 - std * std).max(0.0)).sqrt())?;
         let prev = ((x0 * (a_prev.sqrt() as f64))? + dir)?;
         if self.eta > 0.0 {
-            let noise = rng.randn(prev.dims(), prev.device())?.to_dtype(prev.dtype())?;
-            prev + (noise * std)?
+            let z = noise.randn(prev.dims(), prev.device())?.to_dtype(prev.dtype())?;
+            prev + (z * std)?
         } else {
             Ok(prev)
         }
+    }
+
+    fn add_noise(&self, original: &Tensor, noise: &Tensor, index: usize) -> Result<Tensor> {
+        let a = self.alpha(self.timesteps[index] as usize);
+        (original * (a.sqrt() as f64))? + (noise * ((1.0 - a).sqrt() as f64))?
     }
 }

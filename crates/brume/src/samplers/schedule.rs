@@ -1,9 +1,9 @@
 //! The noise schedule shared by every sampler: betas, cumulative alphas and
 //! timestep spacing, read from a diffusers `scheduler_config.json`.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-use serde_json::json;
+use serde_json::{json, Map, Value};
 
 use crate::error::LoadError;
 use crate::models::config::ConfigReader;
@@ -32,8 +32,13 @@ pub enum TimestepSpacing {
 /// The training-time noise schedule and the options every sampler reads.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ScheduleConfig {
-    /// The scheduler class the model ships with (informational; DDIM is used here).
+    /// The scheduler class the model ships with; it picks the default sampler.
     pub class_name: Option<String>,
+    /// Where the config came from (for error messages).
+    pub path: PathBuf,
+    /// Every field of the file, for the sampler-specific options
+    /// (`use_karras_sigmas`, `solver_order`, `original_inference_steps`, ...).
+    pub raw: Map<String, Value>,
     pub num_train_timesteps: usize,
     pub beta_start: f64,
     pub beta_end: f64,
@@ -51,6 +56,8 @@ impl Default for ScheduleConfig {
     fn default() -> Self {
         Self {
             class_name: None,
+            path: PathBuf::from("<default schedule>"),
+            raw: Map::new(),
             num_train_timesteps: 1000,
             beta_start: 0.00085,
             beta_end: 0.012,
@@ -98,6 +105,8 @@ impl ScheduleConfig {
         }
         Ok(Self {
             class_name: c.string("_class_name")?,
+            path: c.path().to_path_buf(),
+            raw: c.raw().clone(),
             num_train_timesteps,
             beta_start: c.f64("beta_start", 0.0001)?,
             beta_end: c.f64("beta_end", 0.02)?,
@@ -109,6 +118,11 @@ impl ScheduleConfig {
             clip_sample: c.bool("clip_sample", true)?,
             clip_sample_range: c.f64("clip_sample_range", 1.0)?,
         })
+    }
+
+    /// A reader over the raw fields, for sampler-specific options.
+    pub fn options(&self) -> ConfigReader {
+        ConfigReader::from_map(&self.path, self.raw.clone())
     }
 
     /// Cumulative products of alphas, in f32 like diffusers' torch tensors.
