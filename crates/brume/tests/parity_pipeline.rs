@@ -4,9 +4,8 @@
 
 mod common;
 
-use brume::pipelines::{txt2img, OpenOptions, SdModel, Txt2ImgRequest};
-use candle_core::{DType, Device};
-use common::{assert_close, fixtures, Io};
+use brume::pipelines::{txt2img, Flow, GenerationRequest, OpenOptions, RunOptions, SdModel};
+use common::{assert_close, fixtures, Io, ReplayNoise};
 
 fn pipeline_case(case: &str) {
     let dir = fixtures().join("parity").join(case);
@@ -29,20 +28,17 @@ fn pipeline_case(case: &str) {
     let got_ts: Vec<i64> = sampler.timesteps().iter().map(|&t| t as i64).collect();
     assert_eq!(got_ts, want_ts, "timesteps");
 
-    let req = Txt2ImgRequest {
-        prompt,
+    let req = GenerationRequest {
         negative_prompt: meta["negative_prompt"].as_str().map(str::to_string),
         steps,
         guidance_scale: meta["guidance_scale"].as_f64().unwrap(),
         width: meta["width"].as_u64().unwrap() as usize,
         height: meta["height"].as_u64().unwrap() as usize,
-        seed: 0,
-        eta: 0.0,
-        clip_skip: 0,
-        sampler: None,
+        ..GenerationRequest::new(prompt, 64)
     };
-    let latents = io.f32("in.latents");
-    let out = txt2img(&model, &req, &Device::Cpu, DType::F32, Some(&latents), &mut |_| {}).unwrap();
+    // diffusers' only random draw here is the initial latents.
+    let mut noise = ReplayNoise::new(vec![io.f32("in.latents")]);
+    let out = txt2img(&model, &req, &RunOptions::default(), &mut noise, None, &mut |_| Flow::Continue).unwrap();
     assert_close(&format!("{case} final latents"), &out.latents, &io.f32("out.latents"), 1e-3);
     let image_nhwc = out.image.permute((0, 2, 3, 1)).unwrap();
     assert_close(&format!("{case} image"), &image_nhwc, &io.f32("out.image"), 1e-3);

@@ -4,8 +4,8 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 use brume::pipelines::image_io::{save_png, to_rgb8};
-use brume::pipelines::{txt2img, Progress, Txt2ImgRequest};
-use candle_core::DType;
+use brume::pipelines::{txt2img, Flow, GenerationRequest, Progress, RunOptions};
+use brume::samplers::{noise_source, RngKind, SamplerKind};
 
 use super::ModelArgs;
 
@@ -36,6 +36,9 @@ pub struct Args {
     /// Output height in pixels (default: the model's native size).
     #[arg(long)]
     height: Option<usize>,
+    /// Noise generator: brume (same on every machine) or torch (diffusers' CPU pictures).
+    #[arg(long, default_value = "brume")]
+    rng: String,
     /// Sampler (default: the model's own scheduler config).
     #[arg(long)]
     sampler: Option<String>,
@@ -59,7 +62,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     let model = a.model.open()?;
     let size = model.default_size();
-    let req = Txt2ImgRequest {
+    let req = GenerationRequest {
         prompt,
         negative_prompt: a.negative_prompt,
         steps: a.steps,
@@ -67,15 +70,17 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         width: a.width.unwrap_or(size),
         height: a.height.unwrap_or(size),
         seed: a.seed,
+        rng: RngKind::parse(&a.rng)?,
         eta: 0.0,
         clip_skip: a.clip_skip,
-        sampler: a.sampler.as_deref().map(brume::samplers::SamplerKind::parse).transpose()?,
+        sampler: a.sampler.as_deref().map(SamplerKind::parse).transpose()?,
+        batch: 1,
     };
-    let device = brume::runtime::default_device();
+    let opts = RunOptions::default();
     let start = Instant::now();
     let mut last = Instant::now();
-    let mut progress = |p: Progress| {
-        if let Progress::Step { index, total } = p {
+    let mut progress = |p: &Progress| {
+        if let Progress::Step { index, total, .. } = *p {
             let step = last.elapsed().as_secs_f64();
             last = Instant::now();
             let eta = step * (total - index) as f64;
@@ -85,8 +90,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 eprintln!();
             }
         }
+        Flow::Continue
     };
-    let out = txt2img(&model, &req, &device, DType::F32, None, &mut progress)?;
+    let mut noise = noise_source(req.rng, req.seed)?;
+    let out = txt2img(&model, &req, &opts, noise.as_mut(), None, &mut progress)?;
     let img = to_rgb8(&out.image)?;
     save_png(&img, &a.out).with_context(|| format!("writing {}", a.out.display()))?;
     let mem = brume::runtime::memory::read();

@@ -166,6 +166,7 @@ impl WeightStore {
             dtype,
             used: RefCell::new(BTreeSet::new()),
             recording: None,
+            slots: std::cell::Cell::new(0),
         }
     }
 
@@ -182,6 +183,7 @@ impl WeightStore {
             dtype,
             used: RefCell::new(BTreeSet::new()),
             recording: Some(RefCell::new(Vec::new())),
+            slots: std::cell::Cell::new(0),
         }
     }
 }
@@ -194,6 +196,7 @@ pub struct Loader<'a> {
     dtype: DType,
     used: RefCell<BTreeSet<String>>,
     recording: Option<RefCell<Vec<(String, Vec<usize>)>>>,
+    slots: std::cell::Cell<usize>,
 }
 
 impl<'a> Loader<'a> {
@@ -292,6 +295,14 @@ impl<'a> Weights<'a> {
 
     pub fn dtype(&self) -> DType {
         self.loader.dtype
+    }
+
+    /// A fresh index, unique within this load: how cross-attention layers find
+    /// their entry in a conditioning cache.
+    pub fn next_slot(&self) -> usize {
+        let s = self.loader.slots.get();
+        self.loader.slots.set(s + 1);
+        s
     }
 
     /// Whether this view belongs to a recording loader (no file behind it).

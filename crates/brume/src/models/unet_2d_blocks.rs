@@ -2,7 +2,7 @@
 
 use candle_core::{Result, Tensor};
 
-use super::attention::{Transformer2DModel, TransformerConfig};
+use super::attention::{CrossContext, Transformer2DModel, TransformerConfig};
 use super::resnet::{Downsample2D, ResnetBlock2D, ResnetConfig, Upsample2D};
 use crate::error::LoadError;
 use crate::loading::Weights;
@@ -72,7 +72,7 @@ impl DownBlock {
     }
 
     /// Returns the block output and the skip connections it produced.
-    pub fn forward(&self, x: &Tensor, temb: Option<&Tensor>, context: Option<&Tensor>) -> Result<(Tensor, Vec<Tensor>)> {
+    pub fn forward(&self, x: &Tensor, temb: Option<&Tensor>, context: Option<&CrossContext>) -> Result<(Tensor, Vec<Tensor>)> {
         let mut h = x.clone();
         let mut skips = Vec::with_capacity(self.resnets.len() + 1);
         for (i, resnet) in self.resnets.iter().enumerate() {
@@ -152,7 +152,7 @@ impl UpBlock {
         x: &Tensor,
         skips: &mut Vec<Tensor>,
         temb: Option<&Tensor>,
-        context: Option<&Tensor>,
+        context: Option<&CrossContext>,
         upsample_size: Option<(usize, usize)>,
     ) -> Result<Tensor> {
         let mut h = x.clone();
@@ -198,7 +198,7 @@ impl MidBlock {
         Ok(Self { first, layers })
     }
 
-    pub fn forward(&self, x: &Tensor, temb: Option<&Tensor>, context: Option<&Tensor>) -> Result<Tensor> {
+    pub fn forward(&self, x: &Tensor, temb: Option<&Tensor>, context: Option<&CrossContext>) -> Result<Tensor> {
         let mut h = self.first.forward(x, temb)?;
         for (attn, resnet) in &self.layers {
             if let Some(a) = attn {
@@ -210,6 +210,6 @@ impl MidBlock {
     }
 }
 
-fn require_context(context: Option<&Tensor>) -> Result<&Tensor> {
+fn require_context<'a, 'b>(context: Option<&'a CrossContext<'b>>) -> Result<&'a CrossContext<'b>> {
     context.ok_or_else(|| candle_core::Error::Msg("cross-attention block called without encoder_hidden_states".into()))
 }

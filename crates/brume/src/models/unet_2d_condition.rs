@@ -5,6 +5,7 @@ use std::path::Path;
 use candle_core::{DType, Device, Tensor};
 use serde_json::{json, Value};
 
+use super::attention::CrossContext;
 use super::config::ConfigReader;
 use super::embeddings::{timestep_embedding, TimestepEmbedding};
 use super::resnet::ResnetConfig;
@@ -391,6 +392,18 @@ impl UNet2DConditionModel {
         context: &Tensor,
         timestep_cond: Option<&Tensor>,
     ) -> candle_core::Result<Tensor> {
+        self.forward_with(sample, timesteps, &CrossContext::uncached(context), timestep_cond)
+    }
+
+    /// As [`forward`](Self::forward), with the text conditioning's cross-attention
+    /// keys/values taken from (and stored in) a cache when `context.cache` is set.
+    pub fn forward_with(
+        &self,
+        sample: &Tensor,
+        timesteps: &[f32],
+        context: &CrossContext,
+        timestep_cond: Option<&Tensor>,
+    ) -> candle_core::Result<Tensor> {
         let (b, c, h, w) = sample.dims4()?;
         if c != self.cfg.in_channels {
             candle_core::bail!("UNet expects {} input channels, got {c}", self.cfg.in_channels);
@@ -421,7 +434,11 @@ impl UNet2DConditionModel {
         )?
         .to_dtype(dtype)?;
         let emb = self.time_embedding.forward(&t_emb, timestep_cond)?;
-        let context = context.to_dtype(dtype)?;
+        let hidden = context.hidden.to_dtype(dtype)?;
+        let context = CrossContext {
+            hidden: &hidden,
+            cache: context.cache,
+        };
 
         let mut h = self.conv_in.forward(&sample)?;
         let mut skips = vec![h.clone()];

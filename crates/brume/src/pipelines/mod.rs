@@ -1,10 +1,19 @@
 //! What a person runs: a model opened segment by segment, and the pipelines over it.
 
+pub mod conditioning;
+pub mod decode;
+pub mod denoise;
 pub mod image_io;
+pub mod img2img;
 pub mod model;
 pub mod random_model;
+pub mod request;
 pub mod single_file;
 pub mod txt2img;
 
+pub use conditioning::{Conditioning, ConditioningCache};
+pub use denoise::{Inpainting, RunOptions};
+pub use img2img::img2img;
 pub use model::{AnyVaeDecoder, AnyVaeEncoder, OpenOptions, SdModel, VaeConfig};
-pub use txt2img::{txt2img, Generated, Progress, Txt2ImgRequest};
+pub use request::{Flow, GenerationRequest, Generated, Progress, ProgressFn};
+pub use txt2img::txt2img;

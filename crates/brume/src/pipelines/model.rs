@@ -79,6 +79,20 @@ pub enum AnyVaeEncoder {
 }
 
 impl AnyVaeEncoder {
+    /// Latents of `image` as diffusers' pipelines take them (`retrieve_latents`,
+    /// sample mode): a draw from the KL VAE's distribution, using `noise`; the tiny
+    /// VAE's deterministic output, drawing nothing. Unscaled.
+    pub fn sample_latents(&self, image: &Tensor, noise: &mut dyn crate::samplers::NoiseSource) -> candle_core::Result<Tensor> {
+        match self {
+            Self::Kl(e) => {
+                let dist = e.encode(image)?;
+                let z = noise.randn(dist.mean.dims(), dist.mean.device())?;
+                dist.sample(&z)
+            }
+            Self::Tiny(e) => e.encode(image),
+        }
+    }
+
     /// Images in [-1, 1] to the latent distribution (the tiny VAE's is a point).
     pub fn encode(&self, image: &Tensor) -> candle_core::Result<LatentDistribution> {
         match self {

@@ -30,6 +30,42 @@ impl NoiseSource for Rng {
     }
 }
 
+/// Which generator turns a seed into noise.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum RngKind {
+    /// brume's own generator: the same on every machine and build.
+    #[default]
+    Brume,
+    /// `torch.Generator("cpu").manual_seed(seed)` + `torch.randn`, draw for draw,
+    /// so a seed gives the picture diffusers gives on CPU.
+    Torch,
+}
+
+impl RngKind {
+    pub fn parse(name: &str) -> Result<Self, RunError> {
+        match name {
+            "brume" => Ok(RngKind::Brume),
+            "torch" => Ok(RngKind::Torch),
+            other => Err(RunError::Invalid(format!("unknown rng `{other}` (known: brume, torch)"))),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            RngKind::Brume => "brume",
+            RngKind::Torch => "torch",
+        }
+    }
+}
+
+/// The noise source for `kind` seeded with `seed`.
+pub fn noise_source(kind: RngKind, seed: u64) -> Result<Box<dyn NoiseSource>, RunError> {
+    match kind {
+        RngKind::Brume => Ok(Box::new(Rng::new(seed))),
+        RngKind::Torch => Err(RunError::Invalid("the torch-compatible generator is not available in this build".into())),
+    }
+}
+
 /// One sampling algorithm configured for a number of steps.
 pub trait Sampler {
     /// The model timesteps, in evaluation order (diffusers' `scheduler.timesteps`).

@@ -68,3 +68,24 @@ pub fn assert_close(what: &str, got: &Tensor, want: &Tensor, tol: f64) {
     eprintln!("{what}: relative error {e:.3e}");
     assert!(e <= tol, "{what}: relative error {e:.3e} > {tol:.0e}");
 }
+
+/// Replays recorded noise tensors in order, as diffusers drew them.
+pub struct ReplayNoise {
+    pub draws: std::collections::VecDeque<Tensor>,
+}
+
+impl ReplayNoise {
+    pub fn new(draws: Vec<Tensor>) -> Self {
+        Self { draws: draws.into() }
+    }
+}
+
+impl brume::samplers::NoiseSource for ReplayNoise {
+    fn randn(&mut self, shape: &[usize], _device: &Device) -> candle_core::Result<Tensor> {
+        let t = self.draws.pop_front().ok_or_else(|| candle_core::Error::Msg("no recorded noise left".into()))?;
+        if t.dims() != shape {
+            candle_core::bail!("recorded noise has shape {:?}, asked for {:?}", t.dims(), shape);
+        }
+        Ok(t)
+    }
+}

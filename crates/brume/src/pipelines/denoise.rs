@@ -1,0 +1,120 @@
+//! The denoising loop every pipeline shares: guidance, the sampler's calling
+//! convention, inpainting's extra inputs, progress and cancellation.
+
+use candle_core::{DType, Device, Tensor};
+
+use super::conditioning::Conditioning;
+use super::request::{Flow, Progress, ProgressFn};
+use crate::error::{Result, RunError};
+use crate::models::attention::CrossContext;
+use crate::models::UNet2DConditionModel;
+use crate::samplers::{NoiseSource, Sampler};
+
+/// How a pipeline runs, independent of what it is asked for.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    pub device: Device,
+    /// Compute dtype of the models.
+    pub dtype: DType,
+    /// Reuse cross-attention keys/values across steps (the conditioning cache).
+    /// Off only to measure what it saves: results are identical either way.
+    pub reuse_kv: bool,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        Self {
+            device: crate::runtime::default_device(),
+            dtype: DType::F32,
+            reuse_kv: true,
+        }
+    }
+}
+
+/// What inpainting adds to each step.
+pub enum Inpainting {
+    /// 9-channel UNets: [latents, mask, masked-image latents] as input.
+    Concat { mask: Tensor, masked_image_latents: Tensor },
+    /// Ordinary UNets: outside the mask, the original re-noised to the next
+    /// step's level replaces the sample after every step.
+    Blend { image_latents: Tensor, mask: Tensor, noise: Tensor },
+}
+
+/// Runs evaluations `start..` of `sampler` from `latents`.
+#[allow(clippy::too_many_arguments)]
+pub fn denoise(
+    unet: &UNet2DConditionModel,
+    cond: &Conditioning,
+    guidance_scale: f64,
+    sampler: &mut dyn Sampler,
+    mut latents: Tensor,
+    start: usize,
+    inpainting: Option<&Inpainting>,
+    noise: &mut dyn NoiseSource,
+    opts: &RunOptions,
+    progress: ProgressFn,
+) -> Result<Tensor> {
+    let dtype = opts.dtype;
+    let batch = latents.dim(0)?;
+    let timestep_cond = match unet.config().time_cond_proj_dim {
+        Some(d) => Some(
+            crate::models::embeddings::guidance_scale_embedding(&vec![(guidance_scale - 1.0) as f32; batch], d, &opts.device)?
+                .to_dtype(dtype)?,
+        ),
+        None => None,
+    };
+    let ctx = CrossContext {
+        hidden: &cond.context,
+        cache: opts.reuse_kv.then_some(&cond.kv),
+    };
+    let timesteps = sampler.timesteps().to_vec();
+    let total = timesteps.len();
+    if start >= total {
+        return Err(RunError::Invalid(format!(
+            "no denoising step left to run (start {start} of {total}); raise the strength or the steps"
+        )));
+    }
+    let double = |t: &Tensor| -> Result<Tensor> {
+        Ok(if cond.guided { Tensor::cat(&[t, t], 0)? } else { t.clone() })
+    };
+    let (concat_mask, concat_masked) = match inpainting {
+        Some(Inpainting::Concat { mask, masked_image_latents }) => (Some(double(mask)?), Some(double(masked_image_latents)?)),
+        _ => (None, None),
+    };
+    for (i, &t) in timesteps.iter().enumerate().skip(start) {
+        let scaled = sampler.scale_model_input(&latents, i)?;
+        let mut input = double(&scaled)?;
+        if let (Some(m), Some(mi)) = (&concat_mask, &concat_masked) {
+            input = Tensor::cat(&[&input, m, mi], 1)?;
+        }
+        let out = unet
+            .forward_with(&input.to_dtype(dtype)?, &[t as f32], &ctx, timestep_cond.as_ref())?
+            .to_dtype(DType::F32)?;
+        let noise_pred = if cond.guided {
+            let uncond = out.narrow(0, 0, batch)?;
+            let text = out.narrow(0, batch, batch)?;
+            (&uncond + ((text - &uncond)? * guidance_scale)?)?
+        } else {
+            out
+        };
+        latents = sampler.step(&noise_pred, i, &latents, noise)?;
+        if let Some(Inpainting::Blend { image_latents, mask, noise: n }) = inpainting {
+            let proper = if i + 1 < total {
+                sampler.add_noise(image_latents, n, i + 1)?
+            } else {
+                image_latents.clone()
+            };
+            let keep = (mask.ones_like()? - mask)?;
+            latents = (proper.broadcast_mul(&keep)? + latents.broadcast_mul(mask)?)?;
+        }
+        let p = Progress::Step {
+            index: i + 1 - start,
+            total: total - start,
+            latents: latents.clone(),
+        };
+        if progress(&p) == Flow::Cancel {
+            return Err(RunError::Cancelled);
+        }
+    }
+    Ok(latents)
+}

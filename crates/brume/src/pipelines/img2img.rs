@@ -1,0 +1,107 @@
+//! Image to image (style transfer): the input image's latents, noised to the
+//! level `strength` picks, are denoised under the prompt.
+
+use candle_core::Tensor;
+
+use super::conditioning::{conditioning, ConditioningCache};
+use super::decode::decode;
+use super::denoise::{denoise, RunOptions};
+use super::model::SdModel;
+use super::request::{Flow, GenerationRequest, Generated, Progress, ProgressFn};
+use crate::error::{Result, RunError};
+use crate::loading::Segment;
+use crate::samplers::{self, NoiseSource, SamplerKind};
+
+/// The first evaluation index for `strength`, as diffusers' `get_timesteps`:
+/// `steps * strength` steps run (rounded down), ending at the last timestep.
+pub fn start_index(steps: usize, strength: f64, order: usize) -> Result<usize> {
+    if !(strength > 0.0 && strength <= 1.0) {
+        return Err(RunError::Invalid(format!("strength must be in (0, 1], got {strength}")));
+    }
+    let init = ((steps as f64 * strength) as usize).min(steps);
+    if init == 0 {
+        return Err(RunError::Invalid(format!(
+            "strength {strength} with {steps} steps runs no denoising step; raise one of them"
+        )));
+    }
+    Ok((steps - init) * order)
+}
+
+/// Encodes `image` ([1, 3, H, W] in [-1, 1]) with the VAE encoder segment:
+/// scaled latents, repeated for the batch.
+pub fn encode_image(
+    model: &SdModel,
+    image: &Tensor,
+    batch: usize,
+    opts: &RunOptions,
+    noise: &mut dyn NoiseSource,
+    progress: ProgressFn,
+) -> Result<Tensor> {
+    let enc = model.vae_encoder(&opts.device, opts.dtype)?;
+    if progress(&Progress::Loaded(Segment::VaeEncoder)) == Flow::Cancel {
+        return Err(RunError::Cancelled);
+    }
+    let z = enc.sample_latents(&image.to_dtype(opts.dtype)?, noise)?.to_dtype(candle_core::DType::F32)?;
+    let z = ((z - model.vae_config.shift_factor())? * model.vae_config.scaling_factor())?;
+    Ok(Tensor::cat(&vec![&z; batch], 0)?)
+}
+
+/// Runs img2img on `image` ([1, 3, H, W] in [-1, 1], H and W multiples of the VAE factor).
+/// Random draws, in diffusers' order: the VAE latent sample, the added noise, then the sampler's.
+#[allow(clippy::too_many_arguments)]
+pub fn img2img(
+    model: &SdModel,
+    req: &GenerationRequest,
+    image: &Tensor,
+    strength: f64,
+    opts: &RunOptions,
+    noise: &mut dyn NoiseSource,
+    cache: Option<&mut ConditioningCache>,
+    progress: ProgressFn,
+) -> Result<Generated> {
+    let (_, _, h, w) = image.dims4()?;
+    let req = GenerationRequest {
+        width: w,
+        height: h,
+        ..req.clone()
+    };
+    req.validate(model)?;
+    if model.unet_config.in_channels != model.vae_config.latent_channels() {
+        return Err(RunError::Invalid("an inpainting UNet needs a mask: use inpainting".into()));
+    }
+    let cond = conditioning(model, &req, &opts.device, opts.dtype, cache, progress)?;
+    let kind = match req.sampler {
+        Some(k) => k,
+        None => SamplerKind::from_config(&model.schedule)?,
+    };
+    let mut sampler = samplers::build(kind, &model.schedule, req.steps, req.eta)?;
+    let start = start_index(req.steps, strength, sampler.order())?;
+    let init_latents = encode_image(model, image, req.batch, opts, noise, progress)?;
+    let n = noise.randn(init_latents.dims(), &opts.device)?;
+    let latents = sampler.add_noise(&init_latents, &n, start)?;
+    let latents = {
+        let unet = model.unet(&opts.device, opts.dtype)?;
+        if progress(&Progress::Loaded(Segment::Unet)) == Flow::Cancel {
+            return Err(RunError::Cancelled);
+        }
+        denoise(&unet, &cond, req.guidance_scale, sampler.as_mut(), latents, start, None, noise, opts, progress)?
+    };
+    let image = decode(model, &latents, opts, progress)?;
+    Ok(Generated { image, latents })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strength_to_start_index_matches_diffusers() {
+        assert_eq!(start_index(10, 0.6, 1).unwrap(), 4);
+        assert_eq!(start_index(2, 0.5, 1).unwrap(), 1);
+        assert_eq!(start_index(50, 1.0, 1).unwrap(), 0);
+        assert_eq!(start_index(10, 0.6, 2).unwrap(), 8);
+        assert!(start_index(3, 0.2, 1).is_err());
+        assert!(start_index(3, 1.5, 1).is_err());
+        assert!(start_index(3, 0.0, 1).is_err());
+    }
+}
