@@ -28,3 +28,99 @@ pub fn save_png(img: &image::RgbImage, path: &Path) -> Result<()> {
         source,
     })
 }
+
+/// Largest side accepted for an input image.
+pub const MAX_SIDE: u32 = 4096;
+
+/// An input image ready for the VAE, and how it was adapted.
+pub struct LoadedImage {
+    /// [1, 3, H, W] in [-1, 1].
+    pub tensor: Tensor,
+    /// Size of the file's picture.
+    pub original: (u32, u32),
+    /// Size used (multiples of 8).
+    pub size: (u32, u32),
+}
+
+/// The rule for sizes that are not multiples of the VAE factor, as diffusers'
+/// image processor does: each side is rounded down to a multiple of `factor` and
+/// the picture is resized (Lanczos) to it. A side under `factor` is an error.
+pub fn working_size(w: u32, h: u32, factor: u32) -> Result<(u32, u32)> {
+    if w > MAX_SIDE || h > MAX_SIDE {
+        return Err(RunError::Invalid(format!("image is {w}x{h}; the largest accepted side is {MAX_SIDE}")));
+    }
+    let (nw, nh) = (w - w % factor, h - h % factor);
+    if nw == 0 || nh == 0 {
+        return Err(RunError::Invalid(format!("image is {w}x{h}; each side must be at least {factor} pixels")));
+    }
+    Ok((nw, nh))
+}
+
+fn open_image(path: &Path, what: &str) -> Result<image::DynamicImage> {
+    let reader = image::ImageReader::open(path)
+        .map_err(|e| RunError::Invalid(format!("{what} {}: cannot open: {e}", path.display())))?
+        .with_guessed_format()
+        .map_err(|e| RunError::Invalid(format!("{what} {}: cannot read: {e}", path.display())))?;
+    if reader.format().is_none() {
+        return Err(RunError::Invalid(format!(
+            "{what} {}: not an image (PNG, JPEG or WebP expected)",
+            path.display()
+        )));
+    }
+    reader
+        .decode()
+        .map_err(|e| RunError::Invalid(format!("{what} {}: cannot decode: {e}", path.display())))
+}
+
+fn resize_to(img: image::DynamicImage, size: (u32, u32)) -> image::DynamicImage {
+    if (img.width(), img.height()) == size {
+        img
+    } else {
+        img.resize_exact(size.0, size.1, image::imageops::FilterType::Lanczos3)
+    }
+}
+
+/// Reads an RGB image (alpha dropped) for img2img / inpainting.
+pub fn load_image(path: &Path, factor: u32) -> Result<LoadedImage> {
+    let img = open_image(path, "image")?;
+    let original = (img.width(), img.height());
+    let size = working_size(original.0, original.1, factor)?;
+    let rgb = resize_to(img, size).to_rgb8();
+    Ok(LoadedImage {
+        tensor: rgb_to_tensor(&rgb)?,
+        original,
+        size,
+    })
+}
+
+/// [1, 3, H, W] in [-1, 1] from 8-bit RGB, as diffusers (`x / 255 * 2 - 1`).
+pub fn rgb_to_tensor(rgb: &image::RgbImage) -> Result<Tensor> {
+    let (w, h) = rgb.dimensions();
+    let data: Vec<f32> = rgb.as_raw().iter().map(|&v| v as f32 / 255.0).collect();
+    let t = Tensor::from_vec(data, (h as usize, w as usize, 3), &candle_core::Device::Cpu)?;
+    Ok(((t.permute((2, 0, 1))?.unsqueeze(0)? * 2.0)? - 1.0)?)
+}
+
+/// Reads a mask (white = repaint) of exactly the image's size: [1, 1, H, W] in [0, 1].
+pub fn load_mask(path: &Path, image: &LoadedImage) -> Result<Tensor> {
+    let img = open_image(path, "mask")?;
+    if (img.width(), img.height()) != image.original {
+        return Err(RunError::Invalid(format!(
+            "mask {} is {}x{} but the image is {}x{}; they must be the same size",
+            path.display(),
+            img.width(),
+            img.height(),
+            image.original.0,
+            image.original.1
+        )));
+    }
+    let gray = resize_to(img, image.size).to_luma8();
+    gray_to_mask(&gray)
+}
+
+/// [1, 1, H, W] in [0, 1] from 8-bit gray.
+pub fn gray_to_mask(gray: &image::GrayImage) -> Result<Tensor> {
+    let (w, h) = gray.dimensions();
+    let data: Vec<f32> = gray.as_raw().iter().map(|&v| v as f32 / 255.0).collect();
+    Ok(Tensor::from_vec(data, (1, 1, h as usize, w as usize), &candle_core::Device::Cpu)?)
+}

@@ -6,7 +6,7 @@ use candle_core::Tensor;
 use super::conditioning::{conditioning, ConditioningCache};
 use super::decode::decode;
 use super::denoise::{denoise, RunOptions};
-use super::model::SdModel;
+use super::model::{AnyVaeEncoder, SdModel};
 use super::request::{Flow, GenerationRequest, Generated, Progress, ProgressFn};
 use crate::error::{Result, RunError};
 use crate::loading::Segment;
@@ -27,20 +27,25 @@ pub fn start_index(steps: usize, strength: f64, order: usize) -> Result<usize> {
     Ok((steps - init) * order)
 }
 
-/// Encodes `image` ([1, 3, H, W] in [-1, 1]) with the VAE encoder segment:
-/// scaled latents, repeated for the batch.
-pub fn encode_image(
-    model: &SdModel,
-    image: &Tensor,
-    batch: usize,
-    opts: &RunOptions,
-    noise: &mut dyn NoiseSource,
-    progress: ProgressFn,
-) -> Result<Tensor> {
+/// Loads the VAE encoder segment (it is dropped by the caller when done).
+pub fn load_encoder(model: &SdModel, opts: &RunOptions, progress: ProgressFn) -> Result<AnyVaeEncoder> {
     let enc = model.vae_encoder(&opts.device, opts.dtype)?;
     if progress(&Progress::Loaded(Segment::VaeEncoder)) == Flow::Cancel {
         return Err(RunError::Cancelled);
     }
+    Ok(enc)
+}
+
+/// Scaled latents of `image` ([1, 3, H, W] in [-1, 1]), repeated for the batch,
+/// drawing the KL VAE's sample from `noise` as diffusers does.
+pub fn encode_image(
+    model: &SdModel,
+    enc: &AnyVaeEncoder,
+    image: &Tensor,
+    batch: usize,
+    opts: &RunOptions,
+    noise: &mut dyn NoiseSource,
+) -> Result<Tensor> {
     let z = enc.sample_latents(&image.to_dtype(opts.dtype)?, noise)?.to_dtype(candle_core::DType::F32)?;
     let z = ((z - model.vae_config.shift_factor())? * model.vae_config.scaling_factor())?;
     Ok(Tensor::cat(&vec![&z; batch], 0)?)
@@ -76,7 +81,10 @@ pub fn img2img(
     };
     let mut sampler = samplers::build(kind, &model.schedule, req.steps, req.eta)?;
     let start = start_index(req.steps, strength, sampler.order())?;
-    let init_latents = encode_image(model, image, req.batch, opts, noise, progress)?;
+    let init_latents = {
+        let enc = load_encoder(model, opts, progress)?;
+        encode_image(model, &enc, image, req.batch, opts, noise)?
+    };
     let n = noise.randn(init_latents.dims(), &opts.device)?;
     let latents = sampler.add_noise(&init_latents, &n, start)?;
     let latents = {

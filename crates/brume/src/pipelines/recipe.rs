@@ -1,0 +1,228 @@
+//! The recipe inside every image brume writes: the widely read "parameters"
+//! text (as Stable Diffusion web UIs write it) for people and other tools, and a
+//! JSON chunk with everything needed to re-create the image bit for bit.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use super::model::SdModel;
+use super::request::GenerationRequest;
+use crate::error::{Result, RunError};
+use crate::samplers::{RngKind, SamplerKind};
+
+/// PNG text keyword of the JSON recipe.
+pub const RECIPE_KEY: &str = "brume-recipe";
+/// PNG text keyword of the human-readable parameters.
+pub const PARAMETERS_KEY: &str = "parameters";
+
+/// Which pipeline made the image.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    Txt2img,
+    Img2img,
+    Inpaint,
+    Outpaint,
+}
+
+/// An input file of an edit, pinned by content.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InputFile {
+    pub path: PathBuf,
+    pub sha256: String,
+}
+
+impl InputFile {
+    pub fn of(path: &Path) -> Result<Self> {
+        let bytes = std::fs::read(path).map_err(|e| RunError::Invalid(format!("{}: cannot read: {e}", path.display())))?;
+        Ok(Self {
+            path: path.to_path_buf(),
+            sha256: hex(&Sha256::digest(&bytes)),
+        })
+    }
+}
+
+/// Everything that determines an image.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Recipe {
+    pub brume_version: String,
+    pub mode: Mode,
+    pub prompt: String,
+    pub negative_prompt: Option<String>,
+    pub steps: usize,
+    /// CLI name of the sampler that ran.
+    pub sampler: String,
+    pub guidance_scale: f64,
+    pub seed: u64,
+    pub rng: String,
+    pub width: usize,
+    pub height: usize,
+    pub batch: usize,
+    pub eta: f64,
+    pub clip_skip: usize,
+    pub model_name: String,
+    pub model_path: PathBuf,
+    /// First 10 hex digits of the model fingerprint (see [`model_hash`]).
+    pub model_hash: String,
+    pub strength: Option<f64>,
+    pub image: Option<InputFile>,
+    pub mask: Option<InputFile>,
+    /// Outpainting: pixels added (left, top, right, bottom).
+    pub extend: Option<[usize; 4]>,
+    /// Inpainting: mask feather radius in pixels.
+    pub feather: Option<usize>,
+}
+
+impl Recipe {
+    pub fn new(mode: Mode, req: &GenerationRequest, sampler: SamplerKind, model: &SdModel) -> Self {
+        Self {
+            brume_version: env!("CARGO_PKG_VERSION").to_string(),
+            mode,
+            prompt: req.prompt.clone(),
+            negative_prompt: req.negative_prompt.clone(),
+            steps: req.steps,
+            sampler: sampler.cli_name().to_string(),
+            guidance_scale: req.guidance_scale,
+            seed: req.seed,
+            rng: req.rng.name().to_string(),
+            width: req.width,
+            height: req.height,
+            batch: req.batch,
+            eta: req.eta,
+            clip_skip: req.clip_skip,
+            model_name: model.name.clone(),
+            model_path: model.root.clone(),
+            model_hash: model_hash(model),
+            strength: None,
+            image: None,
+            mask: None,
+            extend: None,
+            feather: None,
+        }
+    }
+
+    /// The request this recipe describes.
+    pub fn request(&self) -> Result<GenerationRequest> {
+        Ok(GenerationRequest {
+            prompt: self.prompt.clone(),
+            negative_prompt: self.negative_prompt.clone(),
+            steps: self.steps,
+            guidance_scale: self.guidance_scale,
+            width: self.width,
+            height: self.height,
+            seed: self.seed,
+            rng: RngKind::parse(&self.rng)?,
+            eta: self.eta,
+            clip_skip: self.clip_skip,
+            sampler: Some(SamplerKind::parse(&self.sampler)?),
+            batch: self.batch,
+        })
+    }
+
+    /// The "parameters" text: prompt, negative prompt, then `Key: value` pairs.
+    pub fn parameters_text(&self) -> String {
+        let mut s = self.prompt.clone();
+        if let Some(n) = self.negative_prompt.as_deref().filter(|n| !n.is_empty()) {
+            s.push_str(&format!("\nNegative prompt: {n}"));
+        }
+        s.push_str(&format!(
+            "\nSteps: {}, Sampler: {}, CFG scale: {}, Seed: {}, Size: {}x{}, Model hash: {}, Model: {}",
+            self.steps, self.sampler, self.guidance_scale, self.seed, self.width, self.height, self.model_hash, self.model_name
+        ));
+        if let Some(st) = self.strength {
+            s.push_str(&format!(", Denoising strength: {st}"));
+        }
+        if self.clip_skip > 0 {
+            s.push_str(&format!(", Clip skip: {}", self.clip_skip + 1));
+        }
+        s.push_str(&format!(", RNG: {}, Mode: {:?}", self.rng, self.mode));
+        s
+    }
+}
+
+/// A fast fingerprint of a model's weights: SHA-256 over each weight file's name,
+/// length and safetensors header (which holds every tensor's name, shape, dtype
+/// and offsets). Hashing gigabytes on every image would cost seconds; two files
+/// with the same headers and lengths but different numbers are not told apart.
+pub fn model_hash(model: &SdModel) -> String {
+    let mut h = Sha256::new();
+    let mut files: Vec<&std::sync::Arc<crate::loading::safetensors::SafetensorsFile>> = Vec::new();
+    for c in [crate::loading::Component::TextEncoder, crate::loading::Component::Unet, crate::loading::Component::Vae] {
+        for (_, t) in model.store(c).iter() {
+            if !files.iter().any(|f| std::sync::Arc::ptr_eq(f, &t.file)) {
+                files.push(&t.file);
+            }
+        }
+    }
+    for f in files {
+        let raw = f.raw();
+        let header_len = raw.get(..8).map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])) as usize).unwrap_or(0);
+        h.update(f.path().file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default().as_bytes());
+        h.update((raw.len() as u64).to_le_bytes());
+        h.update(raw.get(..(8 + header_len).min(raw.len())).unwrap_or(&[]));
+    }
+    hex(&h.finalize())[..10].to_string()
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Encodes an RGB image as PNG with the recipe's two text chunks.
+pub fn encode_png(img: &image::RgbImage, recipe: Option<&Recipe>) -> Result<Vec<u8>> {
+    let mut buf = Vec::new();
+    {
+        let mut enc = png::Encoder::new(&mut buf, img.width(), img.height());
+        enc.set_color(png::ColorType::Rgb);
+        enc.set_depth(png::BitDepth::Eight);
+        let err = |e: png::EncodingError| RunError::Invalid(format!("PNG encoding failed: {e}"));
+        if let Some(r) = recipe {
+            let json = serde_json::to_string(r).map_err(|e| RunError::Invalid(e.to_string()))?;
+            enc.add_itxt_chunk(PARAMETERS_KEY.into(), r.parameters_text()).map_err(err)?;
+            enc.add_itxt_chunk(RECIPE_KEY.into(), json).map_err(err)?;
+        }
+        let mut w = enc.write_header().map_err(err)?;
+        w.write_image_data(img.as_raw()).map_err(err)?;
+        w.finish().map_err(err)?;
+    }
+    Ok(buf)
+}
+
+/// The text chunks of a PNG, by keyword (tEXt, zTXt and iTXt).
+pub fn read_png_text(path: &Path) -> Result<Vec<(String, String)>> {
+    let file = std::fs::File::open(path).map_err(|e| RunError::Invalid(format!("{}: cannot open: {e}", path.display())))?;
+    let decoder = png::Decoder::new(std::io::BufReader::new(file));
+    let reader = decoder
+        .read_info()
+        .map_err(|e| RunError::Invalid(format!("{}: not a readable PNG: {e}", path.display())))?;
+    let info = reader.info();
+    let mut out = Vec::new();
+    for t in &info.uncompressed_latin1_text {
+        out.push((t.keyword.clone(), t.text.clone()));
+    }
+    for t in &info.compressed_latin1_text {
+        if let Ok(text) = t.get_text() {
+            out.push((t.keyword.clone(), text));
+        }
+    }
+    for t in &info.utf8_text {
+        if let Ok(text) = t.get_text() {
+            out.push((t.keyword.clone(), text));
+        }
+    }
+    Ok(out)
+}
+
+/// The brume recipe stored in a PNG, if any.
+pub fn read_recipe(path: &Path) -> Result<Option<Recipe>> {
+    for (k, v) in read_png_text(path)? {
+        if k == RECIPE_KEY {
+            return serde_json::from_str(&v)
+                .map(Some)
+                .map_err(|e| RunError::Invalid(format!("{}: the {RECIPE_KEY} chunk is not a valid recipe: {e}", path.display())));
+        }
+    }
+    Ok(None)
+}
