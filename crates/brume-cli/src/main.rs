@@ -20,6 +20,10 @@ struct Cli {
 enum Command {
     /// Text to image.
     Generate(commands::generate::Args),
+    /// Edit a picture: img2img (no mask), inpainting (--mask) or outpainting (--extend).
+    Edit(commands::edit::Args),
+    /// Print the recipe stored in an image.
+    Info(commands::info::Args),
     /// Print a model's architecture, parameter counts and bytes per segment.
     Inspect(commands::inspect::Args),
     /// Write a random-weight model of a real architecture (for speed and memory work).
@@ -33,6 +37,8 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
     let result = match cli.command {
         Command::Generate(a) => commands::generate::run(a),
+        Command::Edit(a) => commands::edit::run(a),
+        Command::Info(a) => commands::info::run(a),
         Command::Inspect(a) => commands::inspect::run(a),
         Command::RandomModel(a) => commands::random_model::run(a),
     };

@@ -66,3 +66,62 @@ fn random_model_of_a_real_config_loads() {
     let again = brume().args(["random-model", "--preset", "sdxs-512", "--out"]).arg(&dir).output().unwrap();
     assert!(!again.status.success(), "must not overwrite an existing folder");
 }
+
+fn run_ok(args: &[&str], dir: &std::path::Path) -> String {
+    let out = brume().args(args).current_dir(dir).output().unwrap();
+    assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn images_carry_their_recipe_and_from_recreates_them_bit_for_bit() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    run_ok(&["generate", "a red circle", "--steps", "3", "--seed", "9", "--batch", "2", "--negative-prompt", "blur", "--out", "a.png", "--preview", "p.png"], d);
+    assert!(d.join("a-2.png").exists() && d.join("p.png").exists());
+    let info = run_ok(&["info", "a.png"], d);
+    assert!(info.contains("a red circle\nNegative prompt: blur\nSteps: 3, Sampler: ddim, CFG scale: 7.5, Seed: 9, Size: 64x64"), "{info}");
+    let json = run_ok(&["info", "--json", "a.png"], d);
+    assert!(json.contains("\"mode\": \"txt2img\"") && json.contains("\"batch\": 2"), "{json}");
+    run_ok(&["generate", "--from", "a.png", "--out", "b.png"], d);
+    assert_eq!(std::fs::read(d.join("a.png")).unwrap(), std::fs::read(d.join("b.png")).unwrap());
+    assert_eq!(std::fs::read(d.join("a-2.png")).unwrap(), std::fs::read(d.join("b-2.png")).unwrap());
+
+    // Edits: img2img, inpaint, outpaint; each re-created from its own recipe.
+    let mask = fixtures().join("edit/inpaint_4ch/mask.png");
+    std::fs::copy(&mask, d.join("m.png")).unwrap();
+    run_ok(&["edit", "a blue square", "--image", "a.png", "--strength", "0.5", "--steps", "4", "--out", "e.png"], d);
+    run_ok(&["edit", "a blue square", "--image", "a.png", "--mask", "m.png", "--steps", "4", "--out", "i.png"], d);
+    run_ok(&["edit", "sky", "--image", "a.png", "--extend", "0,0,32,8", "--steps", "4", "--out", "o.png"], d);
+    assert_eq!(image::open(d.join("o.png")).unwrap().width(), 96);
+    assert_eq!(image::open(d.join("o.png")).unwrap().height(), 72);
+    for f in ["e", "i", "o"] {
+        run_ok(&["edit", "--from", &format!("{f}.png"), "--out", &format!("{f}2.png")], d);
+        assert_eq!(std::fs::read(d.join(format!("{f}.png"))).unwrap(), std::fs::read(d.join(format!("{f}2.png"))).unwrap(), "{f}");
+    }
+    // Inpainting keeps the unmasked pixels.
+    let (a, i, m) = (image::open(d.join("a.png")).unwrap().to_rgb8(), image::open(d.join("i.png")).unwrap().to_rgb8(), image::open(&mask).unwrap().to_luma8());
+    for (x, y, p) in a.enumerate_pixels() {
+        if m.get_pixel(x, y).0[0] < 128 {
+            assert_eq!(i.get_pixel(x, y), p);
+        }
+    }
+    // A changed input is refused on re-creation.
+    std::fs::copy(d.join("b.png"), d.join("a.png")).unwrap();
+    image::RgbImage::new(64, 64).save(d.join("a.png")).unwrap();
+    let out = brume().args(["edit", "--from", "e.png", "--out", "e3.png"]).current_dir(d).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("has changed"));
+}
+
+#[test]
+fn edit_errors_are_clear() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    std::fs::write(d.join("x.png"), "not an image").unwrap();
+    let out = brume().args(["edit", "p", "--image", "x.png"]).current_dir(d).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("x.png"), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = brume().args(["generate", "p", "--sampler", "nope"]).current_dir(d).output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown sampler `nope`"));
+    let out = brume().args(["info", "x.png"]).current_dir(d).output().unwrap();
+    assert!(!out.status.success());
+}

@@ -1,6 +1,9 @@
+pub mod edit;
 pub mod generate;
+pub mod info;
 pub mod inspect;
 pub mod random_model;
+pub mod run;
 
 use std::path::PathBuf;
 

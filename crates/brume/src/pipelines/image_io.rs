@@ -18,11 +18,10 @@ pub fn to_rgb8(image: &Tensor) -> Result<image::RgbImage> {
         .ok_or_else(|| RunError::Invalid("image buffer size mismatch".into()))
 }
 
-/// Writes a PNG atomically: a failed write (full disk) leaves no partial file.
-pub fn save_png(img: &image::RgbImage, path: &Path) -> Result<()> {
-    let mut buf = Vec::new();
-    img.write_to(&mut std::io::Cursor::new(&mut buf), image::ImageFormat::Png)
-        .map_err(|e| RunError::Invalid(format!("PNG encoding failed: {e}")))?;
+/// Writes a PNG atomically (a failed write, e.g. a full disk, leaves no partial
+/// file), with the recipe's text chunks when given.
+pub fn save_png(img: &image::RgbImage, path: &Path, recipe: Option<&super::recipe::Recipe>) -> Result<()> {
+    let buf = super::recipe::encode_png(img, recipe)?;
     crate::util::atomic_write(path, |w| std::io::Write::write_all(w, &buf)).map_err(|source| RunError::Write {
         path: path.to_path_buf(),
         source,

@@ -7,6 +7,7 @@ pub mod image_io;
 pub mod img2img;
 pub mod inpaint;
 pub mod model;
+pub mod preview;
 pub mod random_model;
 pub mod recipe;
 pub mod request;
