@@ -22,6 +22,9 @@ enum Command {
     Generate(commands::generate::Args),
     /// Edit a picture: img2img (no mask), inpainting (--mask) or outpainting (--extend).
     Edit(commands::edit::Args),
+    /// Benchmarks that print tables (medians, alternating the variants).
+    #[command(subcommand)]
+    Bench(commands::bench::Bench),
     /// Print the recipe stored in an image.
     Info(commands::info::Args),
     /// Print a model's architecture, parameter counts and bytes per segment.
@@ -39,6 +42,7 @@ fn main() -> ExitCode {
         Command::Generate(a) => commands::generate::run(a),
         Command::Edit(a) => commands::edit::run(a),
         Command::Info(a) => commands::info::run(a),
+        Command::Bench(b) => commands::bench::run(b),
         Command::Inspect(a) => commands::inspect::run(a),
         Command::RandomModel(a) => commands::random_model::run(a),
     };

@@ -1,3 +1,4 @@
+pub mod bench;
 pub mod edit;
 pub mod generate;
 pub mod info;

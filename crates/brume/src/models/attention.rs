@@ -41,6 +41,27 @@ impl KvCache {
             .sum()
     }
 
+    /// FLOPs one step spends projecting the text to keys and values: what the
+    /// cache saves on every step after the first (`context_dim` is the text width).
+    pub fn projection_flops(&self, context_dim: usize) -> u64 {
+        self.slots
+            .borrow()
+            .iter()
+            .flatten()
+            .map(|(k, _)| {
+                let d = k.dims();
+                // [batch, heads, tokens, head_dim]: two projections of tokens x context_dim -> heads * head_dim.
+                let (b, h, t, dh) = (d[0] as u64, d[1] as u64, d[2] as u64, d[3] as u64);
+                2 * 2 * b * t * context_dim as u64 * h * dh
+            })
+            .sum()
+    }
+
+    /// Number of cross-attention layers cached.
+    pub fn layers(&self) -> usize {
+        self.slots.borrow().iter().flatten().count()
+    }
+
     fn get_or_compute(&self, slot: usize, compute: impl FnOnce() -> Result<(Tensor, Tensor)>) -> Result<(Tensor, Tensor)> {
         if let Some(Some(kv)) = self.slots.borrow().get(slot) {
             self.reused.set(self.reused.get() + 1);
