@@ -5,7 +5,7 @@ use anyhow::{bail, Context};
 use brume::pipelines::image_io::{load_image, load_mask};
 use brume::pipelines::recipe::{InputFile, Mode, Recipe};
 use brume::pipelines::{img2img, inpaint, outpaint_canvas, PasteBack, RunOptions};
-use brume::samplers::{noise_source, SamplerKind};
+use brume::samplers::noise_source;
 
 use super::run::{cancel_flag, finish, progress_reporter, save_batch, GenArgs};
 
@@ -93,10 +93,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         Some(r) => r.request()?,
         None => g.request(&model, Some(w), Some(h))?,
     };
-    let kind = match req.sampler {
-        Some(k) => k,
-        None => SamplerKind::from_config(&model.schedule)?,
-    };
+    let kind = req.sampler_kind(&model)?;
     let req = brume::pipelines::GenerationRequest {
         sampler: Some(kind),
         width: w,

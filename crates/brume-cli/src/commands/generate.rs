@@ -3,7 +3,7 @@ use std::time::Instant;
 use anyhow::bail;
 use brume::pipelines::recipe::{Mode, Recipe};
 use brume::pipelines::{txt2img, RunOptions};
-use brume::samplers::{noise_source, SamplerKind};
+use brume::samplers::noise_source;
 
 use super::run::{cancel_flag, finish, progress_reporter, save_batch, GenArgs};
 
@@ -42,10 +42,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         None => g.request(&model, a.width, a.height)?,
     };
     let paths = g.outputs(req.batch)?;
-    let kind = match req.sampler {
-        Some(k) => k,
-        None => SamplerKind::from_config(&model.schedule)?,
-    };
+    let kind = req.sampler_kind(&model)?;
     let recipe = Recipe::new(Mode::Txt2img, &req, kind, &model);
     let opts = RunOptions::default();
     let mut noise = noise_source(req.rng, req.seed)?;

@@ -4,6 +4,8 @@
 use candle_core::{DType, Device, Tensor};
 
 use super::conditioning::Conditioning;
+use super::model::SdModel;
+use crate::loading::Segment;
 use super::request::{Flow, Progress, ProgressFn};
 use crate::error::{Result, RunError};
 use crate::models::attention::CrossContext;
@@ -29,6 +31,15 @@ impl Default for RunOptions {
             reuse_kv: true,
         }
     }
+}
+
+/// Loads the UNet segment (dropped by the caller when the loop is done).
+pub fn load_unet(model: &SdModel, opts: &RunOptions, progress: ProgressFn) -> Result<UNet2DConditionModel> {
+    let unet = model.unet(&opts.device, opts.dtype)?;
+    if progress(&Progress::Loaded(Segment::Unet)) == Flow::Cancel {
+        return Err(RunError::Cancelled);
+    }
+    Ok(unet)
 }
 
 /// What inpainting adds to each step.

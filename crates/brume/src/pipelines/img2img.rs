@@ -5,12 +5,12 @@ use candle_core::Tensor;
 
 use super::conditioning::{conditioning, ConditioningCache};
 use super::decode::decode;
-use super::denoise::{denoise, RunOptions};
+use super::denoise::{denoise, load_unet, RunOptions};
 use super::model::{AnyVaeEncoder, SdModel};
 use super::request::{Flow, GenerationRequest, Generated, Progress, ProgressFn};
 use crate::error::{Result, RunError};
 use crate::loading::Segment;
-use crate::samplers::{self, NoiseSource, SamplerKind};
+use crate::samplers::NoiseSource;
 
 /// The first evaluation index for `strength`, as diffusers' `get_timesteps`:
 /// `steps * strength` steps run (rounded down), ending at the last timestep.
@@ -75,11 +75,7 @@ pub fn img2img(
         return Err(RunError::Invalid("an inpainting UNet needs a mask: use inpainting".into()));
     }
     let cond = conditioning(model, &req, &opts.device, opts.dtype, cache, progress)?;
-    let kind = match req.sampler {
-        Some(k) => k,
-        None => SamplerKind::from_config(&model.schedule)?,
-    };
-    let mut sampler = samplers::build(kind, &model.schedule, req.steps, req.eta)?;
+    let mut sampler = req.build_sampler(model)?;
     let start = start_index(req.steps, strength, sampler.order())?;
     let init_latents = {
         let enc = load_encoder(model, opts, progress)?;
@@ -88,10 +84,7 @@ pub fn img2img(
     let n = noise.randn(init_latents.dims(), &opts.device)?;
     let latents = sampler.add_noise(&init_latents, &n, start)?;
     let latents = {
-        let unet = model.unet(&opts.device, opts.dtype)?;
-        if progress(&Progress::Loaded(Segment::Unet)) == Flow::Cancel {
-            return Err(RunError::Cancelled);
-        }
+        let unet = load_unet(model, opts, progress)?;
         denoise(&unet, &cond, req.guidance_scale, sampler.as_mut(), latents, start, None, noise, opts, progress)?
     };
     let image = decode(model, &latents, opts, progress)?;

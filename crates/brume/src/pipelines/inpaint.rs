@@ -11,13 +11,12 @@ use candle_core::{DType, Tensor};
 
 use super::conditioning::{conditioning, ConditioningCache};
 use super::decode::decode;
-use super::denoise::{denoise, Inpainting, RunOptions};
+use super::denoise::{denoise, load_unet, Inpainting, RunOptions};
 use super::img2img::{encode_image, load_encoder, start_index};
 use super::model::SdModel;
-use super::request::{Flow, GenerationRequest, Generated, Progress, ProgressFn};
+use super::request::{GenerationRequest, Generated, ProgressFn};
 use crate::error::{Result, RunError};
-use crate::loading::Segment;
-use crate::samplers::{self, NoiseSource, SamplerKind};
+use crate::samplers::NoiseSource;
 
 /// How the result is composited over the original.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -64,11 +63,7 @@ pub fn inpaint(
     }
     let masked_image = image.broadcast_mul(&mask_bin.lt(0.5)?.to_dtype(DType::F32)?)?;
     let cond = conditioning(model, &req, &opts.device, opts.dtype, cache, progress)?;
-    let kind = match req.sampler {
-        Some(k) => k,
-        None => SamplerKind::from_config(&model.schedule)?,
-    };
-    let mut sampler = samplers::build(kind, &model.schedule, req.steps, req.eta)?;
+    let mut sampler = req.build_sampler(model)?;
     let start = start_index(req.steps, strength, sampler.order())?;
     let full_strength = strength >= 1.0;
     let f = model.vae_config.scale_factor();
@@ -105,10 +100,7 @@ pub fn inpaint(
         }
     };
     let latents = {
-        let unet = model.unet(&opts.device, opts.dtype)?;
-        if progress(&Progress::Loaded(Segment::Unet)) == Flow::Cancel {
-            return Err(RunError::Cancelled);
-        }
+        let unet = load_unet(model, opts, progress)?;
         denoise(&unet, &cond, req.guidance_scale, sampler.as_mut(), latents, start, Some(&extra), noise, opts, progress)?
     };
     let generated = decode(model, &latents, opts, progress)?;

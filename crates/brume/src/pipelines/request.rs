@@ -50,6 +50,19 @@ impl GenerationRequest {
         }
     }
 
+    /// The sampler to use: the requested one, else the model's own.
+    pub fn sampler_kind(&self, model: &SdModel) -> Result<SamplerKind> {
+        match self.sampler {
+            Some(k) => Ok(k),
+            None => SamplerKind::from_config(&model.schedule),
+        }
+    }
+
+    /// The sampler configured over the model's schedule for these steps.
+    pub fn build_sampler(&self, model: &SdModel) -> Result<Box<dyn crate::samplers::Sampler>> {
+        crate::samplers::build(self.sampler_kind(model)?, &model.schedule, self.steps, self.eta)
+    }
+
     /// Whether the unconditional branch runs (diffusers' `do_classifier_free_guidance`).
     pub fn guided(&self, model: &SdModel) -> bool {
         self.guidance_scale > 1.0 && model.unet_config.time_cond_proj_dim.is_none()

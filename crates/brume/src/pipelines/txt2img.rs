@@ -5,12 +5,11 @@ use candle_core::Tensor;
 
 use super::conditioning::{conditioning, ConditioningCache};
 use super::decode::decode;
-use super::denoise::{denoise, RunOptions};
+use super::denoise::{denoise, load_unet, RunOptions};
 use super::model::SdModel;
-use super::request::{Flow, GenerationRequest, Generated, Progress, ProgressFn};
+use super::request::{GenerationRequest, Generated, ProgressFn};
 use crate::error::{Result, RunError};
-use crate::loading::Segment;
-use crate::samplers::{self, NoiseSource, SamplerKind};
+use crate::samplers::NoiseSource;
 
 /// Runs txt2img, drawing every random number from `noise` in diffusers' order
 /// (initial latents first, then whatever the sampler draws).
@@ -29,19 +28,12 @@ pub fn txt2img(
         ));
     }
     let cond = conditioning(model, req, &opts.device, opts.dtype, cache, progress)?;
-    let kind = match req.sampler {
-        Some(k) => k,
-        None => SamplerKind::from_config(&model.schedule)?,
-    };
-    let mut sampler = samplers::build(kind, &model.schedule, req.steps, req.eta)?;
+    let mut sampler = req.build_sampler(model)?;
     let f = model.vae_config.scale_factor();
     let shape = [req.batch, model.vae_config.latent_channels(), req.height / f, req.width / f];
     let latents: Tensor = (noise.randn(&shape, &opts.device)? * sampler.init_noise_sigma())?;
     let latents = {
-        let unet = model.unet(&opts.device, opts.dtype)?;
-        if progress(&Progress::Loaded(Segment::Unet)) == Flow::Cancel {
-            return Err(RunError::Cancelled);
-        }
+        let unet = load_unet(model, opts, progress)?;
         denoise(&unet, &cond, req.guidance_scale, sampler.as_mut(), latents, 0, None, noise, opts, progress)?
     };
     let image = decode(model, &latents, opts, progress)?;
