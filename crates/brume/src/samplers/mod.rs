@@ -9,12 +9,14 @@
 pub mod ddim;
 pub mod rng;
 pub mod schedule;
+pub mod torch_rng;
 
 use candle_core::{Device, Tensor};
 
 pub use ddim::Ddim;
 pub use rng::Rng;
 pub use schedule::{PredictionType, ScheduleConfig, TimestepSpacing};
+pub use torch_rng::TorchRng;
 
 use crate::error::RunError;
 
@@ -27,6 +29,46 @@ pub trait NoiseSource {
 impl NoiseSource for Rng {
     fn randn(&mut self, shape: &[usize], device: &Device) -> candle_core::Result<Tensor> {
         Rng::randn(self, shape, device)
+    }
+}
+
+/// Which generator turns a seed into noise (`--rng`).
+///
+/// `Brume` is brume's own generator: fast and identical everywhere, but its
+/// pictures are brume's own. `Torch` reproduces `torch.Generator("cpu")` +
+/// `torch.randn` bit for bit, so a seed names the same picture as in diffusers
+/// run on CPU (starting latents and the fresh noise of ancestral samplers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum RngKind {
+    #[default]
+    Brume,
+    Torch,
+}
+
+impl RngKind {
+    pub const ALL: &'static [RngKind] = &[RngKind::Brume, RngKind::Torch];
+
+    pub fn cli_name(self) -> &'static str {
+        match self {
+            RngKind::Brume => "brume",
+            RngKind::Torch => "torch",
+        }
+    }
+
+    /// Parses an `--rng` name.
+    pub fn parse(name: &str) -> Result<Self, RunError> {
+        Self::ALL.iter().copied().find(|k| k.cli_name() == name).ok_or_else(|| {
+            let known: Vec<&str> = Self::ALL.iter().map(|k| k.cli_name()).collect();
+            RunError::Invalid(format!("unknown rng `{name}` (known: {})", known.join(", ")))
+        })
+    }
+}
+
+/// A fresh noise source of `kind` seeded with `seed`.
+pub fn noise_source(kind: RngKind, seed: u64) -> Box<dyn NoiseSource> {
+    match kind {
+        RngKind::Brume => Box::new(Rng::new(seed)),
+        RngKind::Torch => Box::new(TorchRng::new(seed)),
     }
 }
 
