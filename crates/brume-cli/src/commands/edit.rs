@@ -110,7 +110,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     recipe.feather = (mode != Mode::Img2img).then_some(feather);
 
     let opts = RunOptions::default();
-    let mut noise = noise_source(req.rng, req.seed)?;
+    let mut noise = noise_source(req.rng, req.seed);
     let mut progress = progress_reporter(g.preview.clone(), g.preview_every, cancel_flag());
     let start = Instant::now();
     let out = match &mask {

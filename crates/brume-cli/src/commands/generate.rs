@@ -45,7 +45,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let kind = req.sampler_kind(&model)?;
     let recipe = Recipe::new(Mode::Txt2img, &req, kind, &model);
     let opts = RunOptions::default();
-    let mut noise = noise_source(req.rng, req.seed)?;
+    let mut noise = noise_source(req.rng, req.seed);
     let mut progress = progress_reporter(g.preview.clone(), g.preview_every, cancel_flag());
     let start = Instant::now();
     let req = brume::pipelines::GenerationRequest { sampler: Some(kind), ..req };

@@ -86,7 +86,7 @@ impl Recipe {
             sampler: sampler.cli_name().to_string(),
             guidance_scale: req.guidance_scale,
             seed: req.seed,
-            rng: req.rng.name().to_string(),
+            rng: req.rng.cli_name().to_string(),
             width: req.width,
             height: req.height,
             batch: req.batch,

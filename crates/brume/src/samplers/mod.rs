@@ -9,12 +9,14 @@
 pub mod ddim;
 pub mod rng;
 pub mod schedule;
+pub mod torch_rng;
 
 use candle_core::{Device, Tensor};
 
 pub use ddim::Ddim;
 pub use rng::Rng;
 pub use schedule::{PredictionType, ScheduleConfig, TimestepSpacing};
+pub use torch_rng::TorchRng;
 
 use crate::error::RunError;
 
@@ -30,39 +32,43 @@ impl NoiseSource for Rng {
     }
 }
 
-/// Which generator turns a seed into noise.
+/// Which generator turns a seed into noise (`--rng`).
+///
+/// `Brume` is brume's own generator: fast and identical everywhere, but its
+/// pictures are brume's own. `Torch` reproduces `torch.Generator("cpu")` +
+/// `torch.randn` bit for bit, so a seed names the same picture as in diffusers
+/// run on CPU (starting latents and the fresh noise of ancestral samplers).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum RngKind {
-    /// brume's own generator: the same on every machine and build.
     #[default]
     Brume,
-    /// `torch.Generator("cpu").manual_seed(seed)` + `torch.randn`, draw for draw,
-    /// so a seed gives the picture diffusers gives on CPU.
     Torch,
 }
 
 impl RngKind {
-    pub fn parse(name: &str) -> Result<Self, RunError> {
-        match name {
-            "brume" => Ok(RngKind::Brume),
-            "torch" => Ok(RngKind::Torch),
-            other => Err(RunError::Invalid(format!("unknown rng `{other}` (known: brume, torch)"))),
-        }
-    }
+    pub const ALL: &'static [RngKind] = &[RngKind::Brume, RngKind::Torch];
 
-    pub fn name(self) -> &'static str {
+    pub fn cli_name(self) -> &'static str {
         match self {
             RngKind::Brume => "brume",
             RngKind::Torch => "torch",
         }
     }
+
+    /// Parses an `--rng` name.
+    pub fn parse(name: &str) -> Result<Self, RunError> {
+        Self::ALL.iter().copied().find(|k| k.cli_name() == name).ok_or_else(|| {
+            let known: Vec<&str> = Self::ALL.iter().map(|k| k.cli_name()).collect();
+            RunError::Invalid(format!("unknown rng `{name}` (known: {})", known.join(", ")))
+        })
+    }
 }
 
-/// The noise source for `kind` seeded with `seed`.
-pub fn noise_source(kind: RngKind, seed: u64) -> Result<Box<dyn NoiseSource>, RunError> {
+/// A fresh noise source of `kind` seeded with `seed`.
+pub fn noise_source(kind: RngKind, seed: u64) -> Box<dyn NoiseSource> {
     match kind {
-        RngKind::Brume => Ok(Box::new(Rng::new(seed))),
-        RngKind::Torch => Err(RunError::Invalid("the torch-compatible generator is not available in this build".into())),
+        RngKind::Brume => Box::new(Rng::new(seed)),
+        RngKind::Torch => Box::new(TorchRng::new(seed)),
     }
 }
 
