@@ -44,6 +44,25 @@ fn pipeline_case(case: &str) {
     assert_close(&format!("{case} image"), &image_nhwc, &io.f32("out.image"), 1e-3);
 }
 
+/// The fixture's latents are `torch.randn` from `Generator().manual_seed(0)`: with
+/// `--rng torch` and seed 0, brume draws them itself and makes diffusers' picture.
+#[test]
+fn torch_rng_seed_reproduces_diffusers_txt2img() {
+    let dir = fixtures().join("parity/pipeline_sd1");
+    let io = Io::open(dir.join("io.safetensors"));
+    let model = SdModel::open(&dir.join("model"), &OpenOptions::default()).unwrap();
+    let req = GenerationRequest {
+        steps: 5,
+        seed: 0,
+        rng: brume::samplers::RngKind::Torch,
+        ..GenerationRequest::new("a red circle on a blue background", 64)
+    };
+    let mut noise = brume::samplers::noise_source(req.rng, req.seed);
+    let out = txt2img(&model, &req, &RunOptions::default(), noise.as_mut(), None, &mut |_| Flow::Continue).unwrap();
+    assert_close("torch rng latents", &out.latents, &io.f32("out.latents"), 1e-3);
+    assert_close("torch rng image", &out.image.permute((0, 2, 3, 1)).unwrap(), &io.f32("out.image"), 1e-3);
+}
+
 #[test]
 fn pipeline_sd1_ddim_guidance() {
     pipeline_case("pipeline_sd1");
