@@ -68,3 +68,17 @@ pub fn assert_close(what: &str, got: &Tensor, want: &Tensor, tol: f64) {
     eprintln!("{what}: relative error {e:.3e}");
     assert!(e <= tol, "{what}: relative error {e:.3e} > {tol:.0e}");
 }
+
+/// Replays the noise a parity fixture recorded, in order, as a sampler's
+/// `NoiseSource`; running out or a shape mismatch is a test failure.
+pub struct ReplayNoise {
+    pub queue: std::collections::VecDeque<Tensor>,
+}
+
+impl brume::samplers::NoiseSource for ReplayNoise {
+    fn randn(&mut self, shape: &[usize], _device: &Device) -> candle_core::Result<Tensor> {
+        let t = self.queue.pop_front().expect("sampler drew more noise than diffusers did");
+        assert_eq!(t.dims(), shape, "noise shape");
+        Ok(t)
+    }
+}
