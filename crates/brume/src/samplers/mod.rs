@@ -7,13 +7,30 @@
 //! twice) on `scale_model_input(sample, i)`, then `step(output, i, sample)`.
 
 pub mod ddim;
+pub mod ddpm;
+pub mod dpm_solver;
+pub mod euler;
+pub mod euler_ancestral;
+pub mod heun;
+pub mod lcm;
 pub mod rng;
 pub mod schedule;
+pub mod sigmas;
+pub mod tcd;
 pub mod torch_rng;
+pub mod unipc;
 
 use candle_core::{Device, Tensor};
 
 pub use ddim::Ddim;
+pub use ddpm::Ddpm;
+pub use dpm_solver::{DpmAlgorithm, DpmSolver, DpmVariant};
+pub use euler::Euler;
+pub use euler_ancestral::EulerAncestral;
+pub use heun::Heun;
+pub use lcm::Lcm;
+pub use tcd::Tcd;
+pub use unipc::UniPc;
 pub use rng::Rng;
 pub use schedule::{PredictionType, ScheduleConfig, TimestepSpacing};
 pub use torch_rng::TorchRng;
@@ -101,14 +118,49 @@ pub trait Sampler {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum SamplerKind {
     Ddim,
+    Ddpm,
+    Euler,
+    EulerAncestral,
+    Heun,
+    /// DPM-Solver++ 2M on the model's own sigma spacing.
+    DpmPP2M,
+    /// DPM-Solver++ 2M on Karras sigmas.
+    DpmPP2MKarras,
+    /// SDE-DPM-Solver++ 2M (fresh noise every step).
+    DpmPP2MSde,
+    UniPc,
+    Lcm,
+    Tcd,
 }
 
 impl SamplerKind {
-    pub const ALL: &'static [SamplerKind] = &[SamplerKind::Ddim];
+    pub const ALL: &'static [SamplerKind] = &[
+        SamplerKind::Ddim,
+        SamplerKind::Ddpm,
+        SamplerKind::Euler,
+        SamplerKind::EulerAncestral,
+        SamplerKind::Heun,
+        SamplerKind::DpmPP2M,
+        SamplerKind::DpmPP2MKarras,
+        SamplerKind::DpmPP2MSde,
+        SamplerKind::UniPc,
+        SamplerKind::Lcm,
+        SamplerKind::Tcd,
+    ];
 
     pub fn cli_name(self) -> &'static str {
         match self {
             SamplerKind::Ddim => "ddim",
+            SamplerKind::Ddpm => "ddpm",
+            SamplerKind::Euler => "euler",
+            SamplerKind::EulerAncestral => "euler_a",
+            SamplerKind::Heun => "heun",
+            SamplerKind::DpmPP2M => "dpmpp_2m",
+            SamplerKind::DpmPP2MKarras => "dpmpp_2m_karras",
+            SamplerKind::DpmPP2MSde => "dpmpp_2m_sde",
+            SamplerKind::UniPc => "unipc",
+            SamplerKind::Lcm => "lcm",
+            SamplerKind::Tcd => "tcd",
         }
     }
 
@@ -120,30 +172,89 @@ impl SamplerKind {
         })
     }
 
-    /// The sampler a model's own `scheduler_config.json` asks for.
+    /// The sampler a model's own `scheduler_config.json` asks for (its
+    /// diffusers `_class_name`, and for DPM-Solver its `algorithm_type` and
+    /// `use_karras_sigmas`).
     pub fn from_config(cfg: &ScheduleConfig) -> Result<Self, RunError> {
-        match cfg.class_name.as_deref() {
-            None | Some("DDIMScheduler") => Ok(SamplerKind::Ddim),
+        Ok(match cfg.class_name.as_deref() {
+            None | Some("DDIMScheduler") => SamplerKind::Ddim,
             // PNDM (SD 1.5's shipped default) is not offered; DDIM is the standard
             // substitute and converges to the same images at typical step counts.
             Some("PNDMScheduler") => {
                 tracing::info!("the model ships PNDMScheduler; using DDIM");
-                Ok(SamplerKind::Ddim)
+                SamplerKind::Ddim
             }
-            Some(other) => Err(RunError::Invalid(format!(
-                "{}: scheduler class `{other}` is not supported; choose one with --sampler",
-                cfg.path.display()
-            ))),
-        }
+            Some("DDPMScheduler") => SamplerKind::Ddpm,
+            Some("EulerDiscreteScheduler") => SamplerKind::Euler,
+            Some("EulerAncestralDiscreteScheduler") => SamplerKind::EulerAncestral,
+            Some("HeunDiscreteScheduler") => SamplerKind::Heun,
+            Some("UniPCMultistepScheduler") => SamplerKind::UniPc,
+            Some("LCMScheduler") => SamplerKind::Lcm,
+            Some("TCDScheduler") => SamplerKind::Tcd,
+            Some("DPMSolverMultistepScheduler") => {
+                let c = cfg.options();
+                let karras = c.bool("use_karras_sigmas", false)?;
+                match (c.string("algorithm_type")?.as_deref(), karras) {
+                    (None | Some("dpmsolver++"), false) => SamplerKind::DpmPP2M,
+                    (None | Some("dpmsolver++"), true) => SamplerKind::DpmPP2MKarras,
+                    (Some("sde-dpmsolver++"), false) => SamplerKind::DpmPP2MSde,
+                    (Some("sde-dpmsolver++"), true) => {
+                        return Err(c
+                            .error(
+                                "use_karras_sigmas",
+                                "SDE-DPM-Solver++ on Karras sigmas is not offered; choose --sampler dpmpp_2m_sde or \
+                                 dpmpp_2m_karras",
+                            )
+                            .into())
+                    }
+                    (Some(other), _) => {
+                        return Err(c
+                            .error(
+                                "algorithm_type",
+                                format!(
+                                    "`{other}` is not supported by brume (supported: dpmsolver++, sde-dpmsolver++); \
+                                     choose one with --sampler"
+                                ),
+                            )
+                            .into())
+                    }
+                }
+            }
+            Some(other) => {
+                return Err(RunError::Invalid(format!(
+                    "{}: scheduler class `{other}` is not supported; choose one with --sampler",
+                    cfg.path.display()
+                )))
+            }
+        })
     }
 }
 
 /// Builds `kind` over the model's schedule for `steps` steps.
+///
+/// `eta` is what diffusers pipelines pass as `eta` to `step`: DDIM's noise
+/// weight and TCD's gamma (diffusers' `StableDiffusionPipeline` passes 0.0 by
+/// default, which makes TCD deterministic; TCD's authors suggest 0.3, see
+/// [`tcd::DEFAULT_GAMMA`]). The other samplers ignore it. For DPM-Solver the
+/// kind decides Karras sigmas and the SDE variant, whatever the config's own
+/// `use_karras_sigmas` / `algorithm_type` say; every other option comes from
+/// the config.
 pub fn build(kind: SamplerKind, cfg: &ScheduleConfig, steps: usize, eta: f64) -> Result<Box<dyn Sampler>, RunError> {
     if steps == 0 {
         return Err(RunError::Invalid("steps must be at least 1".into()));
     }
+    let dpm = |algorithm, karras| DpmVariant { algorithm, karras };
     Ok(match kind {
         SamplerKind::Ddim => Box::new(Ddim::new(cfg, steps, eta)),
+        SamplerKind::Ddpm => Box::new(Ddpm::new(cfg, steps)?),
+        SamplerKind::Euler => Box::new(Euler::new(cfg, steps, None)?),
+        SamplerKind::EulerAncestral => Box::new(EulerAncestral::new(cfg, steps)?),
+        SamplerKind::Heun => Box::new(Heun::new(cfg, steps)?),
+        SamplerKind::DpmPP2M => Box::new(DpmSolver::new(cfg, steps, dpm(DpmAlgorithm::DpmSolverPP, false))?),
+        SamplerKind::DpmPP2MKarras => Box::new(DpmSolver::new(cfg, steps, dpm(DpmAlgorithm::DpmSolverPP, true))?),
+        SamplerKind::DpmPP2MSde => Box::new(DpmSolver::new(cfg, steps, dpm(DpmAlgorithm::SdeDpmSolverPP, false))?),
+        SamplerKind::UniPc => Box::new(UniPc::new(cfg, steps)?),
+        SamplerKind::Lcm => Box::new(Lcm::new(cfg, steps)?),
+        SamplerKind::Tcd => Box::new(Tcd::new(cfg, steps, eta)?),
     })
 }

@@ -81,7 +81,23 @@ impl ScheduleConfig {
         c.expect_unset("trained_betas")?;
         c.expect_one_of("thresholding", &[json!(false)])?;
         c.expect_one_of("rescale_betas_zero_snr", &[json!(false)])?;
+        let class_name = c.string("_class_name")?;
+        // Absent fields take the default of the class the file names, as
+        // diffusers' `from_config` does (saved configs list every field, so
+        // this matters for hand-written files only).
+        let class = class_name.as_deref().unwrap_or("");
+        let linspace_default = matches!(
+            class,
+            "EulerDiscreteScheduler"
+                | "EulerAncestralDiscreteScheduler"
+                | "HeunDiscreteScheduler"
+                | "DPMSolverMultistepScheduler"
+                | "UniPCMultistepScheduler"
+        );
+        // LCM and TCD default to SD's schedule; Heun to SD's beta range.
+        let sd_betas = matches!(class, "LCMScheduler" | "TCDScheduler" | "HeunDiscreteScheduler");
         let beta_schedule = match c.string("beta_schedule")?.as_deref() {
+            None if matches!(class, "LCMScheduler" | "TCDScheduler") => BetaSchedule::ScaledLinear,
             None | Some("linear") => BetaSchedule::Linear,
             Some("scaled_linear") => BetaSchedule::ScaledLinear,
             Some("squaredcos_cap_v2") => BetaSchedule::SquaredCosCapV2,
@@ -94,6 +110,7 @@ impl ScheduleConfig {
             Some(o) => return Err(c.error("prediction_type", format!("`{o}` is not supported"))),
         };
         let timestep_spacing = match c.string("timestep_spacing")?.as_deref() {
+            None if linspace_default => TimestepSpacing::Linspace,
             None | Some("leading") => TimestepSpacing::Leading,
             Some("linspace") => TimestepSpacing::Linspace,
             Some("trailing") => TimestepSpacing::Trailing,
@@ -104,12 +121,12 @@ impl ScheduleConfig {
             return Err(c.error("num_train_timesteps", "must be positive"));
         }
         Ok(Self {
-            class_name: c.string("_class_name")?,
+            class_name,
             path: c.path().to_path_buf(),
             raw: c.raw().clone(),
             num_train_timesteps,
-            beta_start: c.f64("beta_start", 0.0001)?,
-            beta_end: c.f64("beta_end", 0.02)?,
+            beta_start: c.f64("beta_start", if sd_betas { 0.00085 } else { 0.0001 })?,
+            beta_end: c.f64("beta_end", if sd_betas { 0.012 } else { 0.02 })?,
             beta_schedule,
             prediction_type,
             timestep_spacing,
@@ -144,12 +161,15 @@ impl ScheduleConfig {
                     .collect()
             }
         };
-        let mut acc = 1f32;
+        // torch's CPU cumprod accumulates float32 in double and rounds each
+        // prefix once; a float32 running product drifts by up to 1e-6, which
+        // small-t sigmas (sqrt((1 - a) / a), 1 - a small) amplify tenfold.
+        let mut acc = 1f64;
         betas
             .iter()
             .map(|b| {
-                acc *= 1.0 - b;
-                acc
+                acc *= (1.0 - b) as f64;
+                acc as f32
             })
             .collect()
     }

@@ -1,0 +1,121 @@
+//! Latent consistency sampling, as diffusers' `LCMScheduler`: each evaluation
+//! maps the sample straight to a clean estimate through the consistency
+//! boundary condition (c_skip, c_out), then re-noises it to the next timestep
+//! with fresh noise. One step is a valid schedule.
+
+use candle_core::{Result, Tensor};
+
+use super::schedule::{PredictionType, ScheduleConfig};
+use super::sigmas::{axpby, np_linspace};
+use super::{NoiseSource, Sampler};
+use crate::error::LoadError;
+use crate::models::config::ConfigReader;
+
+pub struct Lcm {
+    cfg: ScheduleConfig,
+    alphas_cumprod: Vec<f32>,
+    timesteps: Vec<f64>,
+    timestep_scaling: f64,
+    clip: Option<f64>,
+}
+
+/// The timesteps LCM and TCD share: `steps` picks from the distilled model's
+/// `original_inference_steps` grid (k = num_train // original, t = j*k - 1),
+/// evenly by index from the top; `timestep_spacing` plays no part.
+pub(crate) fn consistency_timesteps(cfg: &ScheduleConfig, c: &ConfigReader, steps: usize) -> std::result::Result<Vec<f64>, LoadError> {
+    let n = cfg.num_train_timesteps;
+    let original = c.usize("original_inference_steps", Some(50))?;
+    if original == 0 || original > n {
+        return Err(c.error(
+            "original_inference_steps",
+            format!("must be 1..={n} (num_train_timesteps), found {original}"),
+        ));
+    }
+    if steps > original {
+        return Err(c.error(
+            "original_inference_steps",
+            format!("{steps} steps exceed the {original} steps the model was distilled with"),
+        ));
+    }
+    let k = n / original;
+    let grid: Vec<usize> = (1..=original).rev().map(|j| j * k - 1).collect();
+    let len = grid.len();
+    // np.linspace(0, len, steps, endpoint=False), floored.
+    let idx = np_linspace(0.0, len as f64, steps + 1);
+    Ok(idx[..steps].iter().map(|&i| grid[i.floor() as usize] as f64).collect())
+}
+
+/// x_0 from the model output, as the DDIM family computes it.
+pub(crate) fn predict_x0(pred: PredictionType, model_output: &Tensor, sample: &Tensor, a_t: f32) -> Result<Tensor> {
+    let (sa, sb) = (a_t.sqrt() as f64, (1.0 - a_t).sqrt() as f64);
+    match pred {
+        PredictionType::Epsilon => (sample - (model_output * sb)?)? / sa,
+        PredictionType::Sample => Ok(model_output.clone()),
+        PredictionType::VPrediction => axpby(sample, sa, model_output, -sb),
+    }
+}
+
+impl Lcm {
+    /// Reads `original_inference_steps`, `timestep_scaling`, `clip_sample`
+    /// (default false for this class) and `clip_sample_range`.
+    pub fn new(cfg: &ScheduleConfig, steps: usize) -> std::result::Result<Self, LoadError> {
+        let c = cfg.options();
+        let timesteps = consistency_timesteps(cfg, &c, steps)?;
+        let clip = if c.bool("clip_sample", false)? { Some(c.f64("clip_sample_range", 1.0)?) } else { None };
+        Ok(Self {
+            alphas_cumprod: cfg.alphas_cumprod(),
+            timesteps,
+            timestep_scaling: c.f64("timestep_scaling", 10.0)?,
+            clip,
+            cfg: cfg.clone(),
+        })
+    }
+
+    fn alpha(&self, t: f64) -> f32 {
+        self.alphas_cumprod[t as usize]
+    }
+}
+
+impl Sampler for Lcm {
+    fn timesteps(&self) -> &[f64] {
+        &self.timesteps
+    }
+
+    fn init_noise_sigma(&self) -> f64 {
+        1.0
+    }
+
+    fn scale_model_input(&self, sample: &Tensor, _index: usize) -> Result<Tensor> {
+        Ok(sample.clone())
+    }
+
+    /// Noise is drawn between steps only: the last evaluation returns the
+    /// denoised estimate itself.
+    fn step(&mut self, model_output: &Tensor, index: usize, sample: &Tensor, noise: &mut dyn NoiseSource) -> Result<Tensor> {
+        let t = self.timesteps[index];
+        let prev_t = self.timesteps.get(index + 1).copied().unwrap_or(t);
+        let a_t = self.alpha(t);
+        let a_prev = self.alpha(prev_t);
+        // get_scalings_for_boundary_condition_discrete, sigma_data = 0.5, in f32.
+        let scaled = (t * self.timestep_scaling) as f32;
+        let c_skip = 0.25 / (scaled * scaled + 0.25);
+        let c_out = scaled / (scaled * scaled + 0.25).sqrt();
+        let x0 = predict_x0(self.cfg.prediction_type, model_output, sample, a_t)?;
+        let x0 = match self.clip {
+            Some(r) => x0.clamp(-r as f32, r as f32)?,
+            None => x0,
+        };
+        let denoised = axpby(&x0, c_out as f64, sample, c_skip as f64)?;
+        if index + 1 != self.timesteps.len() {
+            let z = noise.randn(model_output.dims(), model_output.device())?.to_dtype(denoised.dtype())?;
+            axpby(&denoised, a_prev.sqrt() as f64, &z, (1.0 - a_prev).sqrt() as f64)
+        } else {
+            Ok(denoised)
+        }
+    }
+
+    fn add_noise(&self, original: &Tensor, noise: &Tensor, index: usize) -> Result<Tensor> {
+        let a = self.alpha(self.timesteps[index]);
+        axpby(original, a.sqrt() as f64, noise, (1.0 - a).sqrt() as f64)
+    }
+}
