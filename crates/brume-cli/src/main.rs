@@ -25,6 +25,9 @@ enum Command {
     /// Benchmarks that print tables (medians, alternating the variants).
     #[command(subcommand)]
     Bench(commands::bench::Bench),
+    /// What this machine offers: CPU features, available memory and where that
+    /// figure comes from, and the device tiers.
+    Doctor(commands::doctor::Args),
     /// Print the recipe stored in an image.
     Info(commands::info::Args),
     /// Print a model's architecture, parameter counts and bytes per segment.
@@ -43,6 +46,7 @@ fn main() -> ExitCode {
         Command::Edit(a) => commands::edit::run(a),
         Command::Info(a) => commands::info::run(a),
         Command::Bench(b) => commands::bench::run(b),
+        Command::Doctor(a) => commands::doctor::run(a),
         Command::Inspect(a) => commands::inspect::run(a),
         Command::RandomModel(a) => commands::random_model::run(a),
     };

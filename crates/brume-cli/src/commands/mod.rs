@@ -1,4 +1,5 @@
 pub mod bench;
+pub mod doctor;
 pub mod edit;
 pub mod generate;
 pub mod info;

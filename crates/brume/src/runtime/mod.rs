@@ -1,5 +1,6 @@
 //! Where and how models run: the compute device and process memory readings.
 
+pub mod budget;
 pub mod memory;
 
 use candle_core::Device;
