@@ -1,0 +1,2 @@
+pub mod colour;
+pub mod rng;
