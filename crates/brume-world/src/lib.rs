@@ -9,12 +9,14 @@
 
 pub mod caption;
 pub mod colour;
+pub mod judge;
 pub mod render;
 pub mod rng;
 pub mod scene;
 
 pub use caption::{caption, caption_spec, parse_caption, ParseError};
 pub use colour::Colour;
+pub use judge::{analyse, judge, Analysis, Detection, ObjectVerdict, Verdict};
 pub use render::{degrade, render};
 pub use scene::{
     held_out_prompts, held_out_scene, is_held_out, sample_scene, scene_from_spec, Background, BackgroundSpec, BgKind,

@@ -20,7 +20,7 @@ pub const STAR_INNER: f64 = 0.45;
 /// Number of texture periods across the image for stripes and checkers (8 ⇒ 16 px cells at 128).
 pub const TEXTURE_PERIODS: f64 = 8.0;
 
-fn star_vertices() -> [(f64, f64); 10] {
+pub fn star_vertices() -> [(f64, f64); 10] {
     // Outer radius chosen so the star's width is exactly 2 (points at ±18° from horizontal);
     // vertically shifted so its bounding box is centred on the origin.
     let r_out = 1.0 / (72f64.to_radians()).sin();
