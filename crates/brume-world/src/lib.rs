@@ -9,6 +9,7 @@
 
 pub mod caption;
 pub mod colour;
+pub mod dataset;
 pub mod judge;
 pub mod render;
 pub mod rng;
@@ -16,6 +17,7 @@ pub mod scene;
 
 pub use caption::{caption, caption_spec, parse_caption, ParseError};
 pub use colour::Colour;
+pub use dataset::write_dataset;
 pub use judge::{analyse, judge, Analysis, Detection, ObjectVerdict, Verdict};
 pub use render::{degrade, render};
 pub use scene::{
