@@ -214,7 +214,7 @@ pub fn analyse(image: &RgbImage) -> Analysis {
         .filter(|(_, p)| p.len() >= speck)
         .map(|(id, p)| describe(image, background, p, id as u32, &comp, &labels))
         .collect();
-    components.sort_by(|a, b| b.area.cmp(&a.area));
+    components.sort_by_key(|c| std::cmp::Reverse(c.area));
     let significant = components.iter().filter(|c| c.area as f64 >= OBJECT_FRACTION * (w * h) as f64).count();
     let background_kind = background_kind(image, &labels, bg_idx);
     Analysis { background, background_kind, components, significant }

@@ -56,7 +56,7 @@ pub fn shape_contains(shape: Shape, u: f64, v: f64, star: &[(f64, f64); 10]) -> 
         Shape::Diamond => u.abs() + v.abs() <= 1.0,
         Shape::Ring => {
             let d = u * u + v * v;
-            d <= 1.0 && d >= RING_INNER * RING_INNER
+            (RING_INNER * RING_INNER..=1.0).contains(&d)
         }
         Shape::Cross => {
             (u.abs() <= CROSS_HALF_ARM && v.abs() <= 1.0) || (v.abs() <= CROSS_HALF_ARM && u.abs() <= 1.0)
@@ -112,7 +112,7 @@ fn object_at(o: &Object, x: f64, y: f64, star: &[(f64, f64); 10]) -> bool {
 pub fn render(scene: &Scene, size: u32) -> RgbImage {
     assert!(size >= 32, "brume-world renders at 32 px or more");
     let star = star_vertices();
-    let n = (SS * SS) as u32;
+    let n = SS * SS;
     let inv = 1.0 / size as f64;
     RgbImage::from_fn(size, size, |px, py| {
         let mut acc = [0u32; 3];

@@ -53,3 +53,49 @@ fn dataset_writer_is_atomic_resumable_and_self_describing() {
     assert_eq!(std::fs::read_to_string(dir.join("captions.jsonl")).unwrap(), jsonl);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The judge must also *fail* wrong captions: mutate one attribute of a held-out spec (to a value
+/// no object in the scene has) and the matching attribute must fail.
+#[test]
+fn judge_rejects_wrong_captions() {
+    use brume_world::judge::judge;
+    use brume_world::render::render;
+    use brume_world::{Colour, Layout, Relation, Shape};
+    let (mut tried, mut caught) = ([0usize; 3], [0usize; 3]);
+    for (caption, seed) in held_out_prompts(150) {
+        let spec = parse_caption(&caption).unwrap();
+        let img = render(&held_out_scene(seed), 128);
+        let used_shapes: Vec<Shape> = spec.objects.iter().map(|o| o.shape).collect();
+        let used_colours: Vec<Colour> = spec.objects.iter().map(|o| o.colour).collect();
+        // Shape.
+        let mut s = spec.clone();
+        s.objects[0].shape = *Shape::ALL.iter().find(|x| !used_shapes.contains(x)).unwrap();
+        tried[0] += 1;
+        caught[0] += !judge(&img, &s).objects[0].shape as usize;
+        // Colour.
+        let mut s = spec.clone();
+        s.objects[0].colour =
+            *Colour::ALL.iter().find(|c| !used_colours.contains(c) && **c != spec.background.colour).unwrap();
+        tried[1] += 1;
+        caught[1] += !judge(&img, &s).objects[0].colour as usize;
+        // Relation (flipped) or position (moved).
+        let mut s = spec.clone();
+        s.layout = match spec.layout {
+            Layout::Pair(Relation::LeftOf) => Layout::Pair(Relation::RightOf),
+            Layout::Pair(Relation::RightOf) => Layout::Pair(Relation::LeftOf),
+            Layout::Pair(Relation::Above) => Layout::Pair(Relation::Below),
+            Layout::Pair(Relation::Below) => Layout::Pair(Relation::Above),
+            Layout::Single(Some(p)) => Layout::Single(Some(
+                *brume_world::Position::ALL.iter().find(|&&q| q != p).unwrap(),
+            )),
+            Layout::Single(None) => unreachable!(),
+        };
+        let v = judge(&img, &s);
+        tried[2] += 1;
+        caught[2] += !(v.relation.unwrap_or(true) && v.objects[0].position.unwrap_or(true)) as usize;
+    }
+    println!("wrong captions caught (shape, colour, layout): {caught:?} of {tried:?}");
+    for k in 0..3 {
+        assert!(caught[k] as f64 >= 0.98 * tried[k] as f64, "{caught:?} of {tried:?}");
+    }
+}
