@@ -28,6 +28,9 @@ enum Command {
     /// What this machine offers: CPU features, available memory and where that
     /// figure comes from, and the device tiers.
     Doctor(commands::doctor::Args),
+    /// Quality evaluations (prompt adherence on held-out prompts).
+    #[command(subcommand)]
+    Eval(commands::eval::Eval),
     /// Print the recipe stored in an image.
     Info(commands::info::Args),
     /// Print a model's architecture, parameter counts and bytes per segment.
@@ -47,6 +50,7 @@ fn main() -> ExitCode {
         Command::Info(a) => commands::info::run(a),
         Command::Bench(b) => commands::bench::run(b),
         Command::Doctor(a) => commands::doctor::run(a),
+        Command::Eval(e) => commands::eval::run(e),
         Command::Inspect(a) => commands::inspect::run(a),
         Command::RandomModel(a) => commands::random_model::run(a),
     };

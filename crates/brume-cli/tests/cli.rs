@@ -125,3 +125,18 @@ fn edit_errors_are_clear() {
     let out = brume().args(["info", "x.png"]).current_dir(d).output().unwrap();
     assert!(!out.status.success());
 }
+
+#[test]
+fn eval_adherence_prints_the_table_and_writes_a_contact_sheet() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sheet = tmp.path().join("sheet.png");
+    let out = brume().args(["eval", "adherence", "--count", "6", "--steps", "2", "--columns", "3", "--sheet"]).arg(&sheet).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    for k in ["background_colour", "shape", "colour", "all attributes", "images/s"] {
+        assert!(text.contains(k), "{k} missing in {text}");
+    }
+    let img = image::open(&sheet).unwrap();
+    assert_eq!((img.width(), img.height()), (3 * 66, 2 * 66));
+    assert_eq!(std::fs::read_to_string(sheet.with_extension("txt")).unwrap().lines().count(), 6);
+}

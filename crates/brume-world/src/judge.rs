@@ -569,15 +569,19 @@ pub fn judge(image: &RgbImage, spec: &Spec) -> Verdict {
 pub fn judge_analysis(analysis: Analysis, spec: &Spec) -> Verdict {
     let n = spec.objects.len();
     let cands: Vec<usize> = (0..analysis.components.len().min(4)).collect();
+    // Size, position and relation only count for a component of the requested
+    // colour: otherwise any speck of a wrong picture could "be" the object and
+    // score on where it happens to lie.
     let grade = |i: usize, d: &Detection| {
         let want = &spec.objects[i];
+        let drawn = d.colour == want.colour;
         ObjectVerdict {
             found: true,
-            colour: d.colour == want.colour,
+            colour: drawn,
             shape: d.shape == want.shape,
-            size: want.size.map(|s| s == d.size),
+            size: want.size.map(|s| drawn && s == d.size),
             position: match spec.layout {
-                Layout::Single(Some(p)) => Some(p == d.position),
+                Layout::Single(Some(p)) => Some(drawn && p == d.position),
                 _ => None,
             },
             detected: Some(d.clone()),
@@ -621,7 +625,12 @@ pub fn judge_analysis(analysis: Analysis, spec: &Spec) -> Verdict {
             .collect();
         let relation = match spec.layout {
             Layout::Pair(r) => Some(match (a[0], a[1]) {
-                (Some(x), Some(y)) => relation_between(&analysis.components[x], &analysis.components[y]) == r,
+                (Some(x), Some(y)) => {
+                    let (cx, cy) = (&analysis.components[x], &analysis.components[y]);
+                    cx.colour == spec.objects[0].colour
+                        && cy.colour == spec.objects[1].colour
+                        && relation_between(cx, cy) == r
+                }
                 _ => false,
             }),
             Layout::Single(_) => None,

@@ -1,6 +1,7 @@
 pub mod bench;
 pub mod doctor;
 pub mod edit;
+pub mod eval;
 pub mod generate;
 pub mod info;
 pub mod inspect;
