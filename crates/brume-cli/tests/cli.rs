@@ -139,4 +139,10 @@ fn eval_adherence_prints_the_table_and_writes_a_contact_sheet() {
     let img = image::open(&sheet).unwrap();
     assert_eq!((img.width(), img.height()), (3 * 66, 2 * 66));
     assert_eq!(std::fs::read_to_string(sheet.with_extension("txt")).unwrap().lines().count(), 6);
+
+    let show = tmp.path().join("show.png");
+    let out = brume().args(["eval", "showcase", "--steps", "2", "--out"]).arg(&show).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let img = image::open(&show).unwrap();
+    assert_eq!((img.width(), img.height()), (11 * 66, 2 * 66), "11 samplers; 5 edit tiles");
 }

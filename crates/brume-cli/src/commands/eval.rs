@@ -16,6 +16,27 @@ use super::ModelArgs;
 pub enum Eval {
     /// Per-attribute accuracy of generated images on held-out prompts.
     Adherence(AdherenceArgs),
+    /// A contact sheet of every sampler (txt2img) and every editing pipeline on one prompt.
+    Showcase(ShowcaseArgs),
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ShowcaseArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    #[arg(long, default_value = "a large red circle on the left on a blue background")]
+    prompt: String,
+    /// Prompt for the edits (img2img, inpaint, outpaint) of the txt2img picture.
+    #[arg(long, default_value = "a large yellow star on the left on a blue background")]
+    edit_prompt: String,
+    #[arg(long, default_value_t = 20)]
+    steps: usize,
+    #[arg(long, default_value_t = 5.0)]
+    guidance: f64,
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    #[arg(long, default_value = "showcase.png")]
+    out: PathBuf,
 }
 
 #[derive(clap::Args, Debug)]
@@ -42,7 +63,96 @@ pub struct AdherenceArgs {
 pub fn run(e: Eval) -> anyhow::Result<()> {
     match e {
         Eval::Adherence(a) => adherence(a),
+        Eval::Showcase(a) => showcase(a),
     }
+}
+
+/// Lays out tiles (each resized to `tile` x `tile`) in rows, with a 2-px white grid.
+fn sheet(rows: &[Vec<image::RgbImage>], tile: u32) -> image::RgbImage {
+    let cols = rows.iter().map(|r| r.len()).max().unwrap_or(1) as u32;
+    let mut out = image::RgbImage::from_pixel(cols * (tile + 2), rows.len() as u32 * (tile + 2), image::Rgb([255, 255, 255]));
+    for (r, row) in rows.iter().enumerate() {
+        for (c, t) in row.iter().enumerate() {
+            let t = image::imageops::resize(t, tile, tile, image::imageops::FilterType::Triangle);
+            image::imageops::replace(&mut out, &t, (c as u32 * (tile + 2) + 1) as i64, (r as u32 * (tile + 2) + 1) as i64);
+        }
+    }
+    out
+}
+
+fn showcase(a: ShowcaseArgs) -> anyhow::Result<()> {
+    let model = a.model.open()?;
+    let size = model.default_size();
+    let opts = RunOptions::default();
+    let base = GenerationRequest {
+        steps: a.steps,
+        guidance_scale: a.guidance,
+        seed: a.seed,
+        ..GenerationRequest::new(a.prompt.clone(), size)
+    };
+    let mut listing = String::new();
+    let mut samplers_row = Vec::new();
+    for &kind in SamplerKind::ALL {
+        // Few-step samplers are shown at the step counts they are made for.
+        let steps = match kind {
+            SamplerKind::Lcm | SamplerKind::Tcd => 4,
+            _ => a.steps,
+        };
+        let req = GenerationRequest { sampler: Some(kind), steps, ..base.clone() };
+        let mut noise = noise_source(req.rng, req.seed);
+        let out = txt2img(&model, &req, &opts, noise.as_mut(), None, &mut |_| Flow::Continue)?;
+        samplers_row.push(to_rgb8(&out.image)?);
+        listing.push_str(&format!("row 0 col {}: txt2img, {}, {steps} steps\n", samplers_row.len() - 1, kind.cli_name()));
+    }
+    // Edits of the DDIM picture.
+    let source = &samplers_row[0];
+    let image = brume::pipelines::image_io::rgb_to_tensor(source)?;
+    let edit = GenerationRequest { prompt: a.edit_prompt.clone(), ..base.clone() };
+    let mut edits = vec![source.clone()];
+    let mut noise = noise_source(edit.rng, edit.seed);
+    let out = brume::pipelines::img2img(&model, &edit, &image, 0.6, &opts, noise.as_mut(), None, &mut |_| Flow::Continue)?;
+    edits.push(to_rgb8(&out.image)?);
+    let s = size as u32;
+    let mask_img = image::GrayImage::from_fn(s, s, |x, _| image::Luma([if x < s / 2 { 255 } else { 0 }]));
+    let mask = brume::pipelines::image_io::gray_to_mask(&mask_img)?;
+    let mut noise = noise_source(edit.rng, edit.seed);
+    let out = brume::pipelines::inpaint(
+        &model,
+        &edit,
+        &image,
+        &mask,
+        1.0,
+        Some(brume::pipelines::PasteBack { feather: 4 }),
+        &opts,
+        noise.as_mut(),
+        None,
+        &mut |_| Flow::Continue,
+    )?;
+    edits.push(image::DynamicImage::ImageLuma8(mask_img).to_rgb8());
+    edits.push(to_rgb8(&out.image)?);
+    let f = model.vae_config.scale_factor();
+    let (canvas, omask) = brume::pipelines::outpaint_canvas(&image, [0, 0, size / 2, 0], f, f)?;
+    let mut noise = noise_source(edit.rng, edit.seed);
+    let out = brume::pipelines::inpaint(
+        &model,
+        &base,
+        &canvas,
+        &omask,
+        1.0,
+        Some(brume::pipelines::PasteBack { feather: 4 }),
+        &opts,
+        noise.as_mut(),
+        None,
+        &mut |_| Flow::Continue,
+    )?;
+    edits.push(to_rgb8(&out.image)?);
+    listing.push_str("row 1: source (ddim) | img2img 0.6 (edit prompt) | inpaint mask | inpainted left half (edit prompt) | outpainted to the right (prompt), shown squeezed\n");
+    let img = sheet(&[samplers_row, edits], size as u32);
+    save_png(&img, &a.out, None).with_context(|| format!("writing {}", a.out.display()))?;
+    let txt = a.out.with_extension("txt");
+    std::fs::write(&txt, format!("prompt: {}\nedit prompt: {}\n{listing}", a.prompt, a.edit_prompt))?;
+    println!("wrote {} (legend: {})", a.out.display(), txt.display());
+    Ok(())
 }
 
 fn adherence(a: AdherenceArgs) -> anyhow::Result<()> {
