@@ -1,5 +1,6 @@
 //! `brume`: generate and inspect Stable Diffusion models on this machine, offline.
 
+mod builtin;
 mod commands;
 
 use std::process::ExitCode;
@@ -40,6 +41,12 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // Piping into `head` must end the output quietly, not panic in println!.
+    #[cfg(unix)]
+    // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&cli.log));

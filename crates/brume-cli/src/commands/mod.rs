@@ -27,21 +27,22 @@ pub struct ModelArgs {
     pub variant: Option<String>,
 }
 
-/// Where the built-in model lives: next to the executable's repository checkout.
-pub fn builtin_model_dir() -> PathBuf {
-    if let Some(p) = std::env::var_os("BRUME_BUILTIN_MODEL") {
-        return PathBuf::from(p);
-    }
-    PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/builtin"))
-}
-
 impl ModelArgs {
+    /// The chosen model: `--model`, else `$BRUME_BUILTIN_MODEL` (a folder), else
+    /// the model compiled into this executable.
     pub fn open(&self) -> anyhow::Result<SdModel> {
-        let path = self.model.clone().unwrap_or_else(builtin_model_dir);
         let opts = OpenOptions {
             variant: self.variant.clone(),
             config_dir: self.config.clone(),
         };
-        SdModel::open(&path, &opts).with_context(|| format!("opening model {}", path.display()))
+        let path = match &self.model {
+            Some(p) if p.as_os_str() != brume::pipelines::EMBEDDED_ROOT => Some(p.clone()),
+            Some(_) => None,
+            None => std::env::var_os("BRUME_BUILTIN_MODEL").map(PathBuf::from),
+        };
+        match path {
+            Some(path) => SdModel::open(&path, &opts).with_context(|| format!("opening model {}", path.display())),
+            None => SdModel::from_embedded("builtin", crate::builtin::FILES).context("opening the built-in model"),
+        }
     }
 }

@@ -104,11 +104,27 @@ impl TensorEntry {
     }
 }
 
+/// Where a file's bytes live.
+#[derive(Debug)]
+enum Backing {
+    Mapped(Mmap),
+    Static(&'static [u8]),
+}
+
+impl Backing {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Backing::Mapped(m) => m,
+            Backing::Static(b) => b,
+        }
+    }
+}
+
 /// An open, validated, memory-mapped safetensors file.
 #[derive(Debug)]
 pub struct SafetensorsFile {
     path: PathBuf,
-    mmap: Mmap,
+    backing: Backing,
     entries: BTreeMap<String, TensorEntry>,
     metadata: BTreeMap<String, String>,
 }
@@ -167,7 +183,32 @@ impl SafetensorsFile {
                 what: "the 8-byte header length".into(),
             });
         }
-        let header_len = u64::from_le_bytes(head);
+        // SAFETY: the map is read-only. Like every mmap-based loader we rely on the
+        // file not being truncated by another process while it is open; all offsets
+        // are validated against the length seen now.
+        let mmap = unsafe { Mmap::map(&file) }.map_err(io)?;
+        Self::parse(path, Backing::Mapped(mmap))
+    }
+
+    /// Validates safetensors bytes compiled into the binary (the built-in model):
+    /// they are read-only pages of the executable, clean and evictable like a mapping.
+    pub fn from_static(label: &Path, bytes: &'static [u8]) -> Result<Arc<Self>, LoadError> {
+        check_not_pickle(label, &bytes[..bytes.len().min(8)])?;
+        Self::parse(label, Backing::Static(bytes))
+    }
+
+    fn parse(path: &Path, backing: Backing) -> Result<Arc<Self>, LoadError> {
+        let bytes = backing.bytes();
+        let len = bytes.len() as u64;
+        if len < 8 {
+            return Err(LoadError::Truncated {
+                path: path.to_path_buf(),
+                len,
+                needed: 8,
+                what: "the 8-byte header length".into(),
+            });
+        }
+        let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap_or([0; 8]));
         if header_len > MAX_HEADER {
             return Err(LoadError::BadHeader {
                 path: path.to_path_buf(),
@@ -186,19 +227,7 @@ impl SafetensorsFile {
                 what: format!("a header of {header_len} bytes"),
             });
         }
-        // SAFETY: the map is read-only. Like every mmap-based loader we rely on the
-        // file not being truncated by another process while it is open; all offsets
-        // below are validated against the length seen now.
-        let mmap = unsafe { Mmap::map(&file) }.map_err(io)?;
-        if (mmap.len() as u64) < data_start {
-            return Err(LoadError::Truncated {
-                path: path.to_path_buf(),
-                len: mmap.len() as u64,
-                needed: data_start,
-                what: "the header".into(),
-            });
-        }
-        let header_bytes = &mmap[8..data_start as usize];
+        let header_bytes = &bytes[8..data_start as usize];
         let header: Value = serde_json::from_slice(header_bytes).map_err(|e| LoadError::BadHeader {
             path: path.to_path_buf(),
             reason: format!("header is not valid JSON: {e}"),
@@ -229,7 +258,7 @@ impl SafetensorsFile {
         tracing::debug!(path = %path.display(), tensors = entries.len(), "opened safetensors");
         Ok(Arc::new(Self {
             path: path.to_path_buf(),
-            mmap,
+            backing,
             entries,
             metadata,
         }))
@@ -253,17 +282,17 @@ impl SafetensorsFile {
 
     /// The raw bytes of a tensor, borrowed from the mapping.
     pub fn bytes(&self, entry: &TensorEntry) -> &[u8] {
-        &self.mmap[entry.start..entry.end]
+        &self.backing.bytes()[entry.start..entry.end]
     }
 
     /// The whole mapping (header included).
     pub fn raw(&self) -> &[u8] {
-        &self.mmap
+        self.backing.bytes()
     }
 
     /// Size of the mapped file in bytes.
     pub fn file_len(&self) -> usize {
-        self.mmap.len()
+        self.backing.bytes().len()
     }
 }
 

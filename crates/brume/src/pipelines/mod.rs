@@ -18,6 +18,6 @@ pub use conditioning::{Conditioning, ConditioningCache};
 pub use denoise::{Inpainting, RunOptions};
 pub use img2img::img2img;
 pub use inpaint::{inpaint, outpaint_canvas, PasteBack};
-pub use model::{AnyVaeDecoder, AnyVaeEncoder, OpenOptions, SdModel, VaeConfig};
+pub use model::{AnyVaeDecoder, AnyVaeEncoder, EmbeddedFile, OpenOptions, SdModel, VaeConfig, EMBEDDED_ROOT};
 pub use request::{Flow, GenerationRequest, Generated, Progress, ProgressFn};
 pub use txt2img::txt2img;

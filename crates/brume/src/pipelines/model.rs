@@ -122,6 +122,17 @@ impl AnyVaeDecoder {
     }
 }
 
+/// One file of a diffusers folder compiled into the binary.
+#[derive(Debug, Clone, Copy)]
+pub struct EmbeddedFile {
+    /// Path inside the folder, e.g. `unet/diffusion_pytorch_model.safetensors`.
+    pub path: &'static str,
+    pub bytes: &'static [u8],
+}
+
+/// What a model compiled into the binary is called in recipes and errors.
+pub const EMBEDDED_ROOT: &str = "<built-in>";
+
 /// Options for opening a model.
 #[derive(Debug, Clone, Default)]
 pub struct OpenOptions {
@@ -214,6 +225,60 @@ impl SdModel {
         )?;
         model.pipeline_class = index.and_then(|i| i.pipeline_class);
         Ok(model)
+    }
+
+    /// Opens a diffusers folder compiled into the binary (the built-in model), so a
+    /// fresh install needs no path and no files. Its weights stay in the
+    /// executable's read-only pages. The tokenizer is the embedded CLIP vocabulary
+    /// with SD 1.x settings.
+    pub fn from_embedded(name: &str, files: &[EmbeddedFile]) -> Result<Self, LoadError> {
+        let root = PathBuf::from(EMBEDDED_ROOT);
+        let label = |p: &str| root.join(p);
+        let text = |p: &str| -> Result<ConfigReader, LoadError> {
+            let f = files.iter().find(|f| f.path == p).ok_or_else(|| LoadError::NotFound {
+                path: label(p),
+                hint: " (missing from the embedded model)".into(),
+            })?;
+            let s = std::str::from_utf8(f.bytes).map_err(|e| LoadError::Layout {
+                path: label(p),
+                reason: format!("not UTF-8: {e}"),
+            })?;
+            ConfigReader::parse(&label(p), s)
+        };
+        let text_config = ClipTextConfig::from_reader(&text("text_encoder/config.json")?)?;
+        let unet_config = UNetConfig::from_reader(&text("unet/config.json")?)?;
+        let vae_reader = text("vae/config.json")?;
+        let vae_config = match vae_reader.string("_class_name")?.as_deref() {
+            Some("AutoencoderTiny") => VaeConfig::Tiny(AutoencoderTinyConfig::from_reader(&vae_reader)?),
+            _ => VaeConfig::Kl(AutoencoderKLConfig::from_reader(&vae_reader)?),
+        };
+        let schedule = ScheduleConfig::from_reader(&text("scheduler/scheduler_config.json")?)?;
+        let mut stores = BTreeMap::new();
+        for c in [Component::TextEncoder, Component::Unet, Component::Vae] {
+            let mut store = WeightStore::new(label(c.folder()));
+            let prefix = format!("{}/", c.folder());
+            for f in files.iter().filter(|f| f.path.starts_with(&prefix) && f.path.ends_with(".safetensors")) {
+                let file = crate::loading::safetensors::SafetensorsFile::from_static(&label(f.path), f.bytes)?;
+                store.add_file(&file)?;
+            }
+            if store.is_empty() {
+                return Err(LoadError::NotFound {
+                    path: label(c.folder()),
+                    hint: " (the embedded model has no weights for it)".into(),
+                });
+            }
+            stores.insert(c, store);
+        }
+        Self::from_parts(
+            name.to_string(),
+            root,
+            text_config,
+            unet_config,
+            vae_config,
+            schedule,
+            ClipTokenizer::builtin(PadToken::EndOfText),
+            stores,
+        )
     }
 
     /// Assembles a model from parts already read (single-file checkpoints).

@@ -1,0 +1,23 @@
+//! The built-in model, compiled into the executable so `brume generate` works
+//! on a fresh install with no path and no download.
+
+use brume::pipelines::EmbeddedFile;
+
+macro_rules! embed {
+    ($($path:literal),* $(,)?) => {
+        &[$(EmbeddedFile { path: $path, bytes: include_bytes!(concat!("../../../models/builtin/", $path)) }),*]
+    };
+}
+
+/// Every file of `models/builtin/` the engine reads (the tokenizer is the
+/// engine's embedded CLIP vocabulary).
+pub const FILES: &[EmbeddedFile] = embed!(
+    "model_index.json",
+    "scheduler/scheduler_config.json",
+    "text_encoder/config.json",
+    "text_encoder/model.safetensors",
+    "unet/config.json",
+    "unet/diffusion_pytorch_model.safetensors",
+    "vae/config.json",
+    "vae/diffusion_pytorch_model.safetensors",
+);
