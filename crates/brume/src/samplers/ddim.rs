@@ -46,14 +46,6 @@ impl Sampler for Ddim {
         &self.timesteps
     }
 
-    fn init_noise_sigma(&self) -> f64 {
-        1.0
-    }
-
-    fn scale_model_input(&self, sample: &Tensor, _index: usize) -> Result<Tensor> {
-        Ok(sample.clone())
-    }
-
     fn step(&mut self, model_output: &Tensor, index: usize, sample: &Tensor, noise: &mut dyn NoiseSource) -> Result<Tensor> {
         let t = self.timesteps[index] as usize;
         let a_t = self.alpha(t);

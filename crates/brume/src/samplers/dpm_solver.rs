@@ -125,14 +125,6 @@ impl Sampler for DpmSolver {
         &self.timesteps
     }
 
-    fn init_noise_sigma(&self) -> f64 {
-        1.0
-    }
-
-    fn scale_model_input(&self, sample: &Tensor, _index: usize) -> Result<Tensor> {
-        Ok(sample.clone())
-    }
-
     fn step(&mut self, model_output: &Tensor, index: usize, sample: &Tensor, noise: &mut dyn NoiseSource) -> Result<Tensor> {
         let n = self.timesteps.len();
         let final_first_order =

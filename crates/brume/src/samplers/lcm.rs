@@ -81,14 +81,6 @@ impl Sampler for Lcm {
         &self.timesteps
     }
 
-    fn init_noise_sigma(&self) -> f64 {
-        1.0
-    }
-
-    fn scale_model_input(&self, sample: &Tensor, _index: usize) -> Result<Tensor> {
-        Ok(sample.clone())
-    }
-
     /// Noise is drawn between steps only: the last evaluation returns the
     /// denoised estimate itself.
     fn step(&mut self, model_output: &Tensor, index: usize, sample: &Tensor, noise: &mut dyn NoiseSource) -> Result<Tensor> {

@@ -94,9 +94,16 @@ pub trait Sampler {
     /// The model timesteps, in evaluation order (diffusers' `scheduler.timesteps`).
     fn timesteps(&self) -> &[f64];
     /// Standard deviation of the initial noise (diffusers' `init_noise_sigma`).
-    fn init_noise_sigma(&self) -> f64;
-    /// The model input for evaluation `index` (diffusers' `scale_model_input`).
-    fn scale_model_input(&self, sample: &Tensor, index: usize) -> candle_core::Result<Tensor>;
+    /// Samplers on the alpha (variance-preserving) parameterisation start from
+    /// unit noise; sigma-based ones (Euler, Heun) override this.
+    fn init_noise_sigma(&self) -> f64 {
+        1.0
+    }
+    /// The model input for evaluation `index` (diffusers' `scale_model_input`):
+    /// the sample as is, except for sigma-based samplers, which override this.
+    fn scale_model_input(&self, sample: &Tensor, _index: usize) -> candle_core::Result<Tensor> {
+        Ok(sample.clone())
+    }
     /// The update after evaluation `index` (diffusers' `step(...).prev_sample`).
     fn step(
         &mut self,

@@ -173,14 +173,6 @@ impl Sampler for UniPc {
         &self.timesteps
     }
 
-    fn init_noise_sigma(&self) -> f64 {
-        1.0
-    }
-
-    fn scale_model_input(&self, sample: &Tensor, _index: usize) -> Result<Tensor> {
-        Ok(sample.clone())
-    }
-
     fn step(&mut self, model_output: &Tensor, index: usize, sample: &Tensor, _noise: &mut dyn NoiseSource) -> Result<Tensor> {
         let converted = self.convert(model_output, sample, index)?;
         let use_corrector = index > 0 && !self.disable_corrector.contains(&(index - 1));
