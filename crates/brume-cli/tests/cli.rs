@@ -6,6 +6,14 @@ fn brume() -> Command {
     Command::new(env!("CARGO_BIN_EXE_brume"))
 }
 
+/// The built-in model's native size, as `brume inspect` reports it.
+fn builtin_size() -> u32 {
+    let out = brume().arg("inspect").output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let line = text.lines().find(|l| l.starts_with("native size")).expect("inspect prints the native size");
+    line.split_whitespace().last().unwrap().split('x').next().unwrap().parse().unwrap()
+}
+
 fn fixtures() -> std::path::PathBuf {
     std::path::PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures"))
 }
@@ -17,7 +25,8 @@ fn generate_with_the_builtin_model_writes_a_png_and_never_overwrites() {
     let run = brume().args(["generate", "a red circle on a blue background", "--steps", "3", "--out"]).arg(&out).output().unwrap();
     assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
     let img = image::open(&out).unwrap();
-    assert_eq!((img.width(), img.height()), (64, 64));
+    let n = builtin_size();
+    assert_eq!((img.width(), img.height()), (n, n));
     // Same seed, same picture; the existing file is kept without --force.
     let again = brume().args(["generate", "--prompt", "a red circle on a blue background", "--steps", "3", "--out"]).arg(&out).output().unwrap();
     assert!(!again.status.success());
@@ -80,7 +89,8 @@ fn images_carry_their_recipe_and_from_recreates_them_bit_for_bit() {
     run_ok(&["generate", "a red circle", "--steps", "3", "--seed", "9", "--batch", "2", "--negative-prompt", "blur", "--out", "a.png", "--preview", "p.png"], d);
     assert!(d.join("a-2.png").exists() && d.join("p.png").exists());
     let info = run_ok(&["info", "a.png"], d);
-    assert!(info.contains("a red circle\nNegative prompt: blur\nSteps: 3, Sampler: ddim, CFG scale: 7.5, Seed: 9, Size: 64x64"), "{info}");
+    let n = builtin_size();
+    assert!(info.contains(&format!("a red circle\nNegative prompt: blur\nSteps: 3, Sampler: ddim, CFG scale: 7.5, Seed: 9, Size: {n}x{n}")), "{info}");
     let json = run_ok(&["info", "--json", "a.png"], d);
     assert!(json.contains("\"mode\": \"txt2img\"") && json.contains("\"batch\": 2"), "{json}");
     run_ok(&["generate", "--from", "a.png", "--out", "b.png"], d);
@@ -88,13 +98,19 @@ fn images_carry_their_recipe_and_from_recreates_them_bit_for_bit() {
     assert_eq!(std::fs::read(d.join("a-2.png")).unwrap(), std::fs::read(d.join("b-2.png")).unwrap());
 
     // Edits: img2img, inpaint, outpaint; each re-created from its own recipe.
-    let mask = fixtures().join("edit/inpaint_4ch/mask.png");
-    std::fs::copy(&mask, d.join("m.png")).unwrap();
+    // A mask of the model's size: a soft-edged square in the middle.
+    let mask = d.join("m.png");
+    image::GrayImage::from_fn(n, n, |x, y| {
+        let inside = |v: u32| v > n / 4 && v < 3 * n / 4;
+        image::Luma([if inside(x) && inside(y) { 255 } else if inside(x) || inside(y) { 100 } else { 0 }])
+    })
+    .save(&mask)
+    .unwrap();
     run_ok(&["edit", "a blue square", "--image", "a.png", "--strength", "0.5", "--steps", "4", "--out", "e.png"], d);
     run_ok(&["edit", "a blue square", "--image", "a.png", "--mask", "m.png", "--steps", "4", "--out", "i.png"], d);
     run_ok(&["edit", "sky", "--image", "a.png", "--extend", "0,0,32,8", "--steps", "4", "--out", "o.png"], d);
-    assert_eq!(image::open(d.join("o.png")).unwrap().width(), 96);
-    assert_eq!(image::open(d.join("o.png")).unwrap().height(), 72);
+    assert_eq!(image::open(d.join("o.png")).unwrap().width(), n + 32);
+    assert_eq!(image::open(d.join("o.png")).unwrap().height(), n + 8);
     for f in ["e", "i", "o"] {
         run_ok(&["edit", "--from", &format!("{f}.png"), "--out", &format!("{f}2.png")], d);
         assert_eq!(std::fs::read(d.join(format!("{f}.png"))).unwrap(), std::fs::read(d.join(format!("{f}2.png"))).unwrap(), "{f}");
@@ -108,7 +124,7 @@ fn images_carry_their_recipe_and_from_recreates_them_bit_for_bit() {
     }
     // A changed input is refused on re-creation.
     std::fs::copy(d.join("b.png"), d.join("a.png")).unwrap();
-    image::RgbImage::new(64, 64).save(d.join("a.png")).unwrap();
+    image::RgbImage::new(n, n).save(d.join("a.png")).unwrap();
     let out = brume().args(["edit", "--from", "e.png", "--out", "e3.png"]).current_dir(d).output().unwrap();
     assert!(String::from_utf8_lossy(&out.stderr).contains("has changed"));
 }
@@ -137,12 +153,13 @@ fn eval_adherence_prints_the_table_and_writes_a_contact_sheet() {
         assert!(text.contains(k), "{k} missing in {text}");
     }
     let img = image::open(&sheet).unwrap();
-    assert_eq!((img.width(), img.height()), (3 * 66, 2 * 66));
+    let t = builtin_size() + 2;
+    assert_eq!((img.width(), img.height()), (3 * t, 2 * t));
     assert_eq!(std::fs::read_to_string(sheet.with_extension("txt")).unwrap().lines().count(), 6);
 
     let show = tmp.path().join("show.png");
     let out = brume().args(["eval", "showcase", "--steps", "2", "--out"]).arg(&show).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let img = image::open(&show).unwrap();
-    assert_eq!((img.width(), img.height()), (11 * 66, 2 * 66), "11 samplers; 5 edit tiles");
+    assert_eq!((img.width(), img.height()), (11 * t, 2 * t), "11 samplers; 5 edit tiles");
 }
