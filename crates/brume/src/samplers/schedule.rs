@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Map, Value};
 
+use super::sigmas::round_half_even;
 use crate::error::LoadError;
 use crate::models::config::ConfigReader;
 
@@ -226,15 +227,6 @@ fn linspace_f32(start: f32, end: f32, n: usize) -> Vec<f32> {
         .collect()
 }
 
-/// numpy's round (half to even).
-fn round_half_even(v: f64) -> f64 {
-    let r = v.round();
-    if (v - v.trunc()).abs() == 0.5 && r % 2.0 != 0.0 {
-        r - v.signum()
-    } else {
-        r
-    }
-}
 
 #[cfg(test)]
 mod tests {
