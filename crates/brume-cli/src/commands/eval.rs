@@ -46,8 +46,9 @@ pub struct AdherenceArgs {
     /// Number of held-out prompts (fixed list, fixed seeds).
     #[arg(long, default_value_t = 200)]
     count: usize,
-    #[arg(long, default_value_t = 25)]
-    steps: usize,
+    /// Denoising steps (default: 4 for lcm and tcd, else 25).
+    #[arg(long)]
+    steps: Option<usize>,
     #[arg(long, default_value_t = 5.0)]
     guidance: f64,
     #[arg(long)]
@@ -163,6 +164,14 @@ fn adherence(a: AdherenceArgs) -> anyhow::Result<()> {
     let size = model.default_size();
     let prompts = brume_world::scene::held_out_prompts(a.count);
     let sampler = a.sampler.as_deref().map(SamplerKind::parse).transpose()?;
+    let kind = match sampler {
+        Some(k) => k,
+        None => SamplerKind::from_config(&model.schedule)?,
+    };
+    let steps = a.steps.unwrap_or(match kind {
+        SamplerKind::Lcm | SamplerKind::Tcd => 4,
+        _ => 25,
+    });
     let opts = RunOptions::default();
     let mut tally: BTreeMap<&'static str, (usize, usize)> = BTreeMap::new();
     let mut all_correct = 0usize;
@@ -172,11 +181,11 @@ fn adherence(a: AdherenceArgs) -> anyhow::Result<()> {
         let spec = brume_world::caption::parse_caption(caption)
             .map_err(|e| anyhow::anyhow!("held-out prompt `{caption}` does not parse: {e}"))?;
         let req = GenerationRequest {
-            steps: a.steps,
+            steps,
             guidance_scale: a.guidance,
             seed: *seed,
             rng: RngKind::Brume,
-            sampler,
+            sampler: Some(kind),
             ..GenerationRequest::new(caption.clone(), size)
         };
         let mut noise = noise_source(req.rng, req.seed);
@@ -195,10 +204,12 @@ fn adherence(a: AdherenceArgs) -> anyhow::Result<()> {
     eprintln!();
     let secs = start.elapsed().as_secs_f64();
     println!(
-        "prompt adherence of {} on {} held-out prompts ({} steps, guidance {}, {} px)",
+        "prompt adherence of {} ({}) on {} held-out prompts ({}, {} steps, guidance {}, {} px)",
         model.name,
+        model.unet_folder,
         prompts.len(),
-        a.steps,
+        kind.cli_name(),
+        steps,
         a.guidance,
         size
     );
