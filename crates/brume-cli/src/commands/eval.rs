@@ -91,19 +91,34 @@ fn showcase(a: ShowcaseArgs) -> anyhow::Result<()> {
         seed: a.seed,
         ..GenerationRequest::new(a.prompt.clone(), size)
     };
+    // The few-step samplers run the model's distilled UNet (unet_lcm/) when it ships one.
+    let distilled = if a.model.unet.is_none() {
+        let mut m = a.model.clone();
+        m.unet = Some("unet_lcm".into());
+        m.open().ok()
+    } else {
+        None
+    };
     let mut listing = String::new();
     let mut samplers_row = Vec::new();
     for &kind in SamplerKind::ALL {
         // Few-step samplers are shown at the step counts they are made for.
-        let steps = match kind {
-            SamplerKind::Lcm | SamplerKind::Tcd => 4,
-            _ => a.steps,
+        let few_step = matches!(kind, SamplerKind::Lcm | SamplerKind::Tcd);
+        let steps = if few_step { 4 } else { a.steps };
+        let m = match &distilled {
+            Some(d) if few_step => d,
+            _ => &model,
         };
         let req = GenerationRequest { sampler: Some(kind), steps, ..base.clone() };
         let mut noise = noise_source(req.rng, req.seed);
-        let out = txt2img(&model, &req, &opts, noise.as_mut(), None, &mut |_| Flow::Continue)?;
+        let out = txt2img(m, &req, &opts, noise.as_mut(), None, &mut |_| Flow::Continue)?;
         samplers_row.push(to_rgb8(&out.image)?);
-        listing.push_str(&format!("row 0 col {}: txt2img, {}, {steps} steps\n", samplers_row.len() - 1, kind.cli_name()));
+        listing.push_str(&format!(
+            "row 0 col {}: txt2img, {}, {steps} steps, {}\n",
+            samplers_row.len() - 1,
+            kind.cli_name(),
+            m.unet_folder
+        ));
     }
     // Edits of the DDIM picture.
     let source = &samplers_row[0];
