@@ -18,6 +18,9 @@ pub const FILES: &[EmbeddedFile] = embed!(
     "text_encoder/model.safetensors",
     "unet/config.json",
     "unet/diffusion_pytorch_model.safetensors",
+    "unet_lcm/config.json",
+    "unet_lcm/diffusion_pytorch_model.safetensors",
+    "scheduler_lcm/scheduler_config.json",
     "vae/config.json",
     "vae/diffusion_pytorch_model.safetensors",
 );
