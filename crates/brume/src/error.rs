@@ -58,6 +58,13 @@ pub enum LoadError {
         found: String,
         module: String,
     },
+    #[error("{path}: compressed tensor `{tensor}`: {source}")]
+    Quantized {
+        path: PathBuf,
+        tensor: String,
+        #[source]
+        source: crate::quantization::QuantError,
+    },
     #[error("{path}: {count} unexpected tensor(s) for {module}, e.g. {examples}")]
     UnexpectedTensors {
         path: PathBuf,

@@ -2,6 +2,7 @@
 //! channels at a time (the runtime expands one layer into a scratch buffer).
 
 use half::{bf16, f16};
+use rayon::prelude::*;
 
 use super::error::QuantError;
 use super::kmeans::{kmeans_1d, nearest};
@@ -76,15 +77,23 @@ pub fn encode(scheme: Scheme, values: &[f32], shape: &[usize], seed: u64) -> Res
         }
         Scheme::Palettize { bits, lut } => {
             let g = lut.group_size(out);
+            // Groups are independent: cluster them in parallel, in a fixed order.
+            let per_group: Vec<(Vec<u8>, Vec<f32>)> = values
+                .par_chunks((g * row).max(1))
+                .enumerate()
+                .map(|(gi, chunk)| {
+                    let centres = kmeans_1d(chunk, bits.levels(), seed ^ (gi as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+                    // The table is stored in fp16: assign against the rounded entries.
+                    let mut table: Vec<f32> = centres.iter().map(|&c| f16::from_f32(c).to_f32()).collect();
+                    table.sort_by(f32::total_cmp);
+                    (chunk.iter().map(|&v| nearest(&table, v) as u8).collect(), table)
+                })
+                .collect();
             let mut indices = Vec::with_capacity(numel);
             let mut tables = Vec::with_capacity(lut.groups(out) * bits.levels());
-            for (gi, chunk) in values.chunks((g * row).max(1)).enumerate() {
-                let centres = kmeans_1d(chunk, bits.levels(), seed ^ (gi as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
-                // The table is stored in fp16: assign against the rounded entries.
-                let mut table: Vec<f32> = centres.iter().map(|&c| f16::from_f32(c).to_f32()).collect();
-                table.sort_by(f32::total_cmp);
-                indices.extend(chunk.iter().map(|&v| nearest(&table, v) as u8));
-                tables.extend(table);
+            for (i, t) in per_group {
+                indices.extend(i);
+                tables.extend(t);
             }
             // A tensor with no values still stores its (zero) tables.
             tables.resize(lut.groups(out) * bits.levels(), 0.0);

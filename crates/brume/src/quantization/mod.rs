@@ -8,6 +8,8 @@
 //! writes a whole model under a policy, tensor by tensor.
 
 pub mod codec;
+pub mod convert;
+pub mod format;
 pub mod error;
 pub mod kmeans;
 pub mod pack;
