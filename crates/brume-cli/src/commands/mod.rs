@@ -1,4 +1,5 @@
 pub mod bench;
+pub mod convert;
 pub mod doctor;
 pub mod edit;
 pub mod eval;
@@ -28,6 +29,15 @@ pub struct ModelArgs {
 }
 
 impl ModelArgs {
+    /// The model's path on disk; `None` for the model compiled into the executable.
+    pub fn path(&self) -> Option<PathBuf> {
+        match &self.model {
+            Some(p) if p.as_os_str() != brume::pipelines::EMBEDDED_ROOT => Some(p.clone()),
+            Some(_) => None,
+            None => std::env::var_os("BRUME_BUILTIN_MODEL").map(PathBuf::from),
+        }
+    }
+
     /// The chosen model: `--model`, else `$BRUME_BUILTIN_MODEL` (a folder), else
     /// the model compiled into this executable.
     pub fn open(&self) -> anyhow::Result<SdModel> {
@@ -35,12 +45,7 @@ impl ModelArgs {
             variant: self.variant.clone(),
             config_dir: self.config.clone(),
         };
-        let path = match &self.model {
-            Some(p) if p.as_os_str() != brume::pipelines::EMBEDDED_ROOT => Some(p.clone()),
-            Some(_) => None,
-            None => std::env::var_os("BRUME_BUILTIN_MODEL").map(PathBuf::from),
-        };
-        match path {
+        match self.path() {
             Some(path) => SdModel::open(&path, &opts).with_context(|| format!("opening model {}", path.display())),
             None => SdModel::from_embedded("builtin", crate::builtin::FILES).context("opening the built-in model"),
         }
