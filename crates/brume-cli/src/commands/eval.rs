@@ -155,32 +155,42 @@ fn showcase(a: ShowcaseArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn adherence(a: AdherenceArgs) -> anyhow::Result<()> {
-    if a.count == 0 || a.columns == 0 {
-        bail!("--count and --columns must be positive");
-    }
-    let model = a.model.open()?;
+/// Per-attribute (correct, judged) counts on held-out prompts, and how many
+/// images had every attribute right.
+pub struct Adherence {
+    pub attributes: BTreeMap<&'static str, (usize, usize)>,
+    pub all_correct: usize,
+    pub prompts: Vec<(String, u64)>,
+}
+
+/// Generates the first `count` held-out prompts (fixed seeds, brume RNG) at the
+/// model's native size and judges each image against its caption.
+pub fn judge_held_out(
+    model: &brume::pipelines::SdModel,
+    count: usize,
+    steps: usize,
+    guidance: f64,
+    sampler: Option<SamplerKind>,
+) -> anyhow::Result<(Adherence, Vec<image::RgbImage>)> {
     let size = model.default_size();
-    let prompts = brume_world::scene::held_out_prompts(a.count);
-    let sampler = a.sampler.as_deref().map(SamplerKind::parse).transpose()?;
+    let prompts = brume_world::scene::held_out_prompts(count);
     let opts = RunOptions::default();
     let mut tally: BTreeMap<&'static str, (usize, usize)> = BTreeMap::new();
     let mut all_correct = 0usize;
     let mut tiles = Vec::with_capacity(prompts.len());
-    let start = Instant::now();
     for (i, (caption, seed)) in prompts.iter().enumerate() {
         let spec = brume_world::caption::parse_caption(caption)
             .map_err(|e| anyhow::anyhow!("held-out prompt `{caption}` does not parse: {e}"))?;
         let req = GenerationRequest {
-            steps: a.steps,
-            guidance_scale: a.guidance,
+            steps,
+            guidance_scale: guidance,
             seed: *seed,
             rng: RngKind::Brume,
             sampler,
             ..GenerationRequest::new(caption.clone(), size)
         };
         let mut noise = noise_source(req.rng, req.seed);
-        let out = txt2img(&model, &req, &opts, noise.as_mut(), None, &mut |_| Flow::Continue)?;
+        let out = txt2img(model, &req, &opts, noise.as_mut(), None, &mut |_| Flow::Continue)?;
         let img = to_rgb8(&out.image)?;
         let verdict = brume_world::judge::judge(&img, &spec);
         for (name, ok) in verdict.attributes() {
@@ -192,6 +202,20 @@ fn adherence(a: AdherenceArgs) -> anyhow::Result<()> {
         tiles.push(img);
         eprint!("\r{}/{}", i + 1, prompts.len());
     }
+    Ok((Adherence { attributes: tally, all_correct, prompts }, tiles))
+}
+
+fn adherence(a: AdherenceArgs) -> anyhow::Result<()> {
+    if a.count == 0 || a.columns == 0 {
+        bail!("--count and --columns must be positive");
+    }
+    let model = a.model.open()?;
+    let size = model.default_size();
+    let sampler = a.sampler.as_deref().map(SamplerKind::parse).transpose()?;
+    let start = Instant::now();
+    let (scores, tiles) = judge_held_out(&model, a.count, a.steps, a.guidance, sampler)?;
+    let (tally, all_correct) = (scores.attributes, scores.all_correct);
+    let prompts = scores.prompts;
     eprintln!();
     let secs = start.elapsed().as_secs_f64();
     println!(

@@ -1,4 +1,5 @@
 pub mod bench;
+pub mod bench_precision;
 pub mod convert;
 pub mod doctor;
 pub mod edit;

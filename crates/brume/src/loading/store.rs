@@ -67,6 +67,14 @@ impl StoredTensor {
         self.bytes().len() + companions
     }
 
+    /// Drops this tensor's pages from the resident set (see [`SafetensorsFile::release`]).
+    pub fn release_pages(&self) {
+        self.file.release(self.entry.start, self.entry.end);
+        for e in self.quant.iter().flat_map(|q| &q.companions) {
+            self.file.release(e.start, e.end);
+        }
+    }
+
     /// The storage scheme: a compressed scheme, or the plain float dtype.
     pub fn scheme(&self) -> Option<Scheme> {
         match &self.quant {

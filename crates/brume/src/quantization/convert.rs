@@ -386,6 +386,7 @@ fn write_file(
             ))
         })?;
         drop(values);
+        p.stored.release_pages();
         for (bytes, off) in parts.iter().zip(&p.offsets) {
             f.seek(SeekFrom::Start(*off)).map_err(write_err(path))?;
             f.write_all(bytes).map_err(write_err(path))?;
