@@ -9,6 +9,8 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
@@ -78,7 +80,35 @@ struct RunReport {
     peak_private_dirty: Option<u64>,
 }
 
-/// Generates one image, sampling memory at every progress report.
+/// Largest private-dirty reading, sampled every 20 ms on a thread of its own
+/// (the VAE decoder's peak falls between progress reports).
+struct DirtySampler {
+    stop: Arc<AtomicBool>,
+    handle: std::thread::JoinHandle<u64>,
+}
+
+impl DirtySampler {
+    fn start() -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let handle = std::thread::spawn(move || {
+            let mut peak = 0u64;
+            while !flag.load(Ordering::Relaxed) {
+                peak = peak.max(memory::read().private_dirty.unwrap_or(0));
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            peak
+        });
+        Self { stop, handle }
+    }
+
+    fn finish(self) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        self.handle.join().unwrap_or(0)
+    }
+}
+
+/// Generates one image, timing UNet steps and sampling memory throughout.
 pub fn run_child(a: RunArgs) -> anyhow::Result<()> {
     let model = SdModel::open(&a.model, &OpenOptions::default())?;
     let req = GenerationRequest {
@@ -89,16 +119,10 @@ pub fn run_child(a: RunArgs) -> anyhow::Result<()> {
         ..GenerationRequest::new(a.prompt.clone(), a.size)
     };
     let mut report = RunReport::default();
-    let mut peak_dirty = 0u64;
     let mut last: Option<Instant> = None;
-    let sample = |peak: &mut u64| {
-        if let Some(d) = memory::read().private_dirty {
-            *peak = (*peak).max(d);
-        }
-    };
+    let sampler = DirtySampler::start();
     let mut noise = noise_source(req.rng, req.seed);
     let out = txt2img(&model, &req, &RunOptions::default(), noise.as_mut(), None, &mut |p| {
-        sample(&mut peak_dirty);
         match p {
             Progress::Loaded(Segment::Unet) => last = Some(Instant::now()),
             Progress::Step { .. } => {
@@ -111,7 +135,7 @@ pub fn run_child(a: RunArgs) -> anyhow::Result<()> {
         }
         Flow::Continue
     })?;
-    sample(&mut peak_dirty);
+    let peak_dirty = sampler.finish();
     save_png(&to_rgb8(&out.image)?, &a.image, None).with_context(|| format!("writing {}", a.image.display()))?;
     let m = memory::read();
     report.peak_rss = m.peak_rss;
