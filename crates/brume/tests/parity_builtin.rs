@@ -11,17 +11,21 @@ use common::{assert_close, fixtures, Io};
 #[test]
 fn builtin_model_matches_diffusers() {
     let root = fixtures().join("../models/builtin");
-    let model = SdModel::open(&root, &OpenOptions::default()).unwrap();
     let dir = fixtures().join("builtin");
     let io = Io::open(dir.join("io.safetensors"));
     let meta: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(dir.join("meta.json")).unwrap()).unwrap();
     for (i, c) in meta["cases"].as_array().unwrap().iter().enumerate() {
+        // Distilled cases run the model's other UNet folder (unet_lcm) with its scheduler.
+        let unet = c["unet"].as_str().map(str::to_string);
+        let model = SdModel::open(&root, &OpenOptions { unet: unet.clone(), ..Default::default() }).unwrap();
+        let sampler = SamplerKind::parse(c["sampler"].as_str().unwrap()).unwrap();
+        assert_eq!(sampler, SamplerKind::from_config(&model.schedule).unwrap(), "case {i}: the folder's own scheduler");
         let req = GenerationRequest {
             steps: c["steps"].as_u64().unwrap() as usize,
             guidance_scale: c["guidance"].as_f64().unwrap(),
             seed: c["seed"].as_u64().unwrap(),
             rng: RngKind::Torch,
-            sampler: Some(SamplerKind::Ddim),
+            sampler: Some(sampler),
             ..GenerationRequest::new(c["prompt"].as_str().unwrap(), model.default_size())
         };
         let mut noise = noise_source(req.rng, req.seed);

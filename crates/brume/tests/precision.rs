@@ -210,3 +210,35 @@ fn truncated_converted_file_is_an_error() {
     };
     assert!(e.contains("diffusion_pytorch_model.safetensors") && e.contains("truncated"), "{e}");
 }
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            copy_dir(&p, &to.join(e.file_name()));
+        } else {
+            std::fs::copy(&p, to.join(e.file_name())).unwrap();
+        }
+    }
+}
+
+#[test]
+fn another_unet_subfolder_converts_into_its_own_folder() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    copy_dir(&source(), &src);
+    copy_dir(&source().join("unet"), &src.join("unet_lcm"));
+    let opts = OpenOptions { unet: Some("unet_lcm".into()), ..OpenOptions::default() };
+    let model = SdModel::open(&src, &opts).unwrap();
+    let out = tmp.path().join("out");
+    let policy = Policy::preset("int4-attn-fp16").unwrap();
+    let rec = convert(&model, ConfigSource::Folder(&src), Some(&src), &policy, &out, false).unwrap();
+    assert!(out.join("unet_lcm/diffusion_pytorch_model.safetensors").is_file() && !out.join("unet").exists());
+    // Policies still name its tensors `unet/...`.
+    assert!(rec.schemes.contains_key("palettize4-g16"));
+    let converted = SdModel::open(&out, &opts).unwrap();
+    let ff = converted.store(Component::Unet).get("down_blocks.0.attentions.0.transformer_blocks.0.ff.net.2.weight").unwrap();
+    assert_eq!(ff.scheme(), Some(Scheme::parse("palettize4-g16").unwrap()));
+    run(&converted);
+}

@@ -47,9 +47,9 @@ pub struct PrecisionArgs {
     /// Held-out prompts judged per tier for prompt adherence (built-in model only; 0: skip).
     #[arg(long, default_value_t = 100)]
     adherence: usize,
-    /// Steps of each adherence image.
-    #[arg(long, default_value_t = 25)]
-    adherence_steps: usize,
+    /// Steps of each adherence image (default: as `brume eval adherence`).
+    #[arg(long)]
+    adherence_steps: Option<usize>,
 }
 
 /// One tier's generation, run in a child process (`brume bench precision-run`).
@@ -233,7 +233,9 @@ pub fn precision(a: PrecisionArgs) -> anyhow::Result<()> {
         let image = image::open(&image_path).with_context(|| format!("reading {}", image_path.display()))?.to_rgb8();
         let adherence = if builtin && a.adherence > 0 {
             eprintln!("judging {} held-out prompts with {tier} ...", a.adherence);
-            let (scores, _) = super::eval::judge_held_out(&model, a.adherence, a.adherence_steps, 5.0, None)?;
+            let kind = brume::samplers::SamplerKind::from_config(&model.schedule)?;
+            let steps = a.adherence_steps.unwrap_or(super::eval::default_steps(kind));
+            let (scores, _) = super::eval::judge_held_out(&model, a.adherence, steps, 5.0, kind)?;
             eprintln!();
             Some(scores)
         } else {
@@ -273,7 +275,8 @@ pub fn precision(a: PrecisionArgs) -> anyhow::Result<()> {
     if rows.iter().any(|r| r.adherence.is_some()) {
         let attrs: Vec<&'static str> = rows.iter().filter_map(|r| r.adherence.as_ref()).flat_map(|s| s.attributes.keys().copied()).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
         println!();
-        println!("prompt adherence (% correct) on {} held-out prompts, {} steps, guidance 5", a.adherence, a.adherence_steps);
+        let steps = a.adherence_steps.map(|s| s.to_string()).unwrap_or_else(|| "default".into());
+        println!("prompt adherence (% correct) on {} held-out prompts, {steps} steps, guidance 5, the model's sampler", a.adherence);
         print!("{:<20}", "tier");
         for at in &attrs {
             print!(" {:>17}", at);

@@ -46,8 +46,9 @@ pub struct AdherenceArgs {
     /// Number of held-out prompts (fixed list, fixed seeds).
     #[arg(long, default_value_t = 200)]
     count: usize,
-    #[arg(long, default_value_t = 25)]
-    steps: usize,
+    /// Denoising steps (default: 4 for lcm and tcd, else 25).
+    #[arg(long)]
+    steps: Option<usize>,
     #[arg(long, default_value_t = 5.0)]
     guidance: f64,
     #[arg(long)]
@@ -90,19 +91,34 @@ fn showcase(a: ShowcaseArgs) -> anyhow::Result<()> {
         seed: a.seed,
         ..GenerationRequest::new(a.prompt.clone(), size)
     };
+    // The few-step samplers run the model's distilled UNet (unet_lcm/) when it ships one.
+    let distilled = if a.model.unet.is_none() {
+        let mut m = a.model.clone();
+        m.unet = Some("unet_lcm".into());
+        m.open().ok()
+    } else {
+        None
+    };
     let mut listing = String::new();
     let mut samplers_row = Vec::new();
     for &kind in SamplerKind::ALL {
         // Few-step samplers are shown at the step counts they are made for.
-        let steps = match kind {
-            SamplerKind::Lcm | SamplerKind::Tcd => 4,
-            _ => a.steps,
+        let few_step = matches!(kind, SamplerKind::Lcm | SamplerKind::Tcd);
+        let steps = if few_step { 4 } else { a.steps };
+        let m = match &distilled {
+            Some(d) if few_step => d,
+            _ => &model,
         };
         let req = GenerationRequest { sampler: Some(kind), steps, ..base.clone() };
         let mut noise = noise_source(req.rng, req.seed);
-        let out = txt2img(&model, &req, &opts, noise.as_mut(), None, &mut |_| Flow::Continue)?;
+        let out = txt2img(m, &req, &opts, noise.as_mut(), None, &mut |_| Flow::Continue)?;
         samplers_row.push(to_rgb8(&out.image)?);
-        listing.push_str(&format!("row 0 col {}: txt2img, {}, {steps} steps\n", samplers_row.len() - 1, kind.cli_name()));
+        listing.push_str(&format!(
+            "row 0 col {}: txt2img, {}, {steps} steps, {}\n",
+            samplers_row.len() - 1,
+            kind.cli_name(),
+            m.unet_folder
+        ));
     }
     // Edits of the DDIM picture.
     let source = &samplers_row[0];
@@ -155,6 +171,14 @@ fn showcase(a: ShowcaseArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Adherence steps when none are given: 4 for the few-step samplers, else 25.
+pub fn default_steps(kind: SamplerKind) -> usize {
+    match kind {
+        SamplerKind::Lcm | SamplerKind::Tcd => 4,
+        _ => 25,
+    }
+}
+
 /// Per-attribute (correct, judged) counts on held-out prompts, and how many
 /// images had every attribute right.
 pub struct Adherence {
@@ -170,7 +194,7 @@ pub fn judge_held_out(
     count: usize,
     steps: usize,
     guidance: f64,
-    sampler: Option<SamplerKind>,
+    kind: SamplerKind,
 ) -> anyhow::Result<(Adherence, Vec<image::RgbImage>)> {
     let size = model.default_size();
     let prompts = brume_world::scene::held_out_prompts(count);
@@ -186,7 +210,7 @@ pub fn judge_held_out(
             guidance_scale: guidance,
             seed: *seed,
             rng: RngKind::Brume,
-            sampler,
+            sampler: Some(kind),
             ..GenerationRequest::new(caption.clone(), size)
         };
         let mut noise = noise_source(req.rng, req.seed);
@@ -212,17 +236,24 @@ fn adherence(a: AdherenceArgs) -> anyhow::Result<()> {
     let model = a.model.open()?;
     let size = model.default_size();
     let sampler = a.sampler.as_deref().map(SamplerKind::parse).transpose()?;
+    let kind = match sampler {
+        Some(k) => k,
+        None => SamplerKind::from_config(&model.schedule)?,
+    };
+    let steps = a.steps.unwrap_or(default_steps(kind));
     let start = Instant::now();
-    let (scores, tiles) = judge_held_out(&model, a.count, a.steps, a.guidance, sampler)?;
+    let (scores, tiles) = judge_held_out(&model, a.count, steps, a.guidance, kind)?;
     let (tally, all_correct) = (scores.attributes, scores.all_correct);
     let prompts = scores.prompts;
     eprintln!();
     let secs = start.elapsed().as_secs_f64();
     println!(
-        "prompt adherence of {} on {} held-out prompts ({} steps, guidance {}, {} px)",
+        "prompt adherence of {} ({}) on {} held-out prompts ({}, {} steps, guidance {}, {} px)",
         model.name,
+        model.unet_folder,
         prompts.len(),
-        a.steps,
+        kind.cli_name(),
+        steps,
         a.guidance,
         size
     );

@@ -29,6 +29,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         if g.model.model.is_none() {
             g.model.model = Some(r.model_path.clone());
         }
+        if g.model.unet.is_none() && g.model.model.as_ref() == Some(&r.model_path) {
+            g.model.unet = r.unet.clone();
+        }
     }
     let model = g.model.open()?;
     let req = match &from {

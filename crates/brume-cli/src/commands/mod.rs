@@ -27,6 +27,10 @@ pub struct ModelArgs {
     /// Weight variant to load (e.g. fp16), as diffusers' `variant=`.
     #[arg(long)]
     pub variant: Option<String>,
+    /// Run another UNet subfolder of the model (e.g. `unet_lcm`, the built-in model's
+    /// LCM-distilled UNet for 1-4 steps); its `scheduler_<name>/` comes with it.
+    #[arg(long)]
+    pub unet: Option<String>,
 }
 
 impl ModelArgs {
@@ -45,10 +49,11 @@ impl ModelArgs {
         let opts = OpenOptions {
             variant: self.variant.clone(),
             config_dir: self.config.clone(),
+            unet: self.unet.clone(),
         };
         match self.path() {
             Some(path) => SdModel::open(&path, &opts).with_context(|| format!("opening model {}", path.display())),
-            None => SdModel::from_embedded("builtin", crate::builtin::FILES).context("opening the built-in model"),
+            None => SdModel::from_embedded("builtin", crate::builtin::FILES, self.unet.as_deref()).context("opening the built-in model"),
         }
     }
 }

@@ -39,9 +39,9 @@ pub struct GenArgs {
     /// unipc, lcm, tcd (default: the model's own scheduler config).
     #[arg(long)]
     pub sampler: Option<String>,
-    /// Denoising steps.
-    #[arg(long, default_value_t = 20)]
-    pub steps: usize,
+    /// Denoising steps (default: 4 for the few-step samplers lcm and tcd, else 20).
+    #[arg(long)]
+    pub steps: Option<usize>,
     /// Classifier-free guidance scale; <= 1 disables guidance (one UNet pass per step).
     #[arg(long, default_value_t = 7.5)]
     pub guidance: f64,
@@ -79,10 +79,15 @@ impl GenArgs {
             bail!("no prompt: give one as an argument or with --prompt");
         };
         let size = model.default_size();
+        let sampler = self.sampler.as_deref().map(SamplerKind::parse).transpose()?;
+        let kind = match sampler {
+            Some(k) => k,
+            None => SamplerKind::from_config(&model.schedule)?,
+        };
         Ok(GenerationRequest {
             prompt,
             negative_prompt: self.negative_prompt.clone(),
-            steps: self.steps,
+            steps: self.steps.unwrap_or(default_steps(kind)),
             guidance_scale: self.guidance,
             width: width.unwrap_or(size),
             height: height.unwrap_or(size),
@@ -90,7 +95,7 @@ impl GenArgs {
             rng: RngKind::parse(&self.rng)?,
             eta: self.eta,
             clip_skip: self.clip_skip,
-            sampler: self.sampler.as_deref().map(SamplerKind::parse).transpose()?,
+            sampler,
             batch: self.batch,
         })
     }
@@ -113,6 +118,14 @@ impl GenArgs {
             Some(r) => Ok(Some(r)),
             None => bail!("{} has no brume recipe (was it written by brume?)", p.display()),
         }
+    }
+}
+
+/// Distilled samplers are made for a handful of steps; the rest for about twenty.
+pub fn default_steps(kind: SamplerKind) -> usize {
+    match kind {
+        SamplerKind::Lcm | SamplerKind::Tcd => 4,
+        _ => 20,
     }
 }
 

@@ -35,7 +35,8 @@ impl ConfigReader {
     }
 
     pub fn parse(path: &Path, text: &str) -> Result<Self, LoadError> {
-        let value: Value = serde_json::from_str(text).map_err(|source| LoadError::Json {
+        let text = quote_non_finite(text);
+        let value: Value = serde_json::from_str(&text).map_err(|source| LoadError::Json {
             path: path.to_path_buf(),
             source,
         })?;
@@ -106,6 +107,11 @@ impl ConfigReader {
 
     pub fn f64(&self, field: &str, default: f64) -> Result<f64, LoadError> {
         match self.get(field) {
+            Some(Value::String(s)) => NON_FINITE
+                .iter()
+                .find(|(tok, _)| *tok == s.as_str())
+                .map(|(_, v)| *v)
+                .ok_or_else(|| self.error(field, format!("expected a number, found \"{s}\""))),
             Some(v) => v
                 .as_f64()
                 .ok_or_else(|| self.error(field, format!("expected a number, found {v}"))),
@@ -216,5 +222,63 @@ impl ConfigReader {
     /// Fails when the field is set (not absent / null).
     pub fn expect_unset(&self, field: &str) -> Result<(), LoadError> {
         self.expect_one_of(field, &[])
+    }
+}
+
+/// The non-finite numbers Python's `json.dump` writes (diffusers saves
+/// `"lambda_min_clipped": -Infinity` in every DPM-Solver config), which strict JSON
+/// has no syntax for.
+const NON_FINITE: [(&str, f64); 3] = [("-Infinity", f64::NEG_INFINITY), ("Infinity", f64::INFINITY), ("NaN", f64::NAN)];
+
+/// Wraps bare `Infinity`, `-Infinity` and `NaN` tokens outside strings in quotes, so
+/// serde_json parses them and [`ConfigReader::f64`] can read them back as numbers.
+fn quote_non_finite(text: &str) -> std::borrow::Cow<'_, str> {
+    if !NON_FINITE.iter().any(|(tok, _)| text.contains(tok)) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    let mut in_string = false;
+    let mut escaped = false;
+    let mut rest = text;
+    while let Some(c) = rest.chars().next() {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if c == '\\' {
+                escaped = true;
+            } else if c == '"' {
+                in_string = false;
+            }
+        } else if c == '"' {
+            in_string = true;
+        } else if let Some((tok, _)) = NON_FINITE.iter().find(|(tok, _)| rest.starts_with(tok)) {
+            out.push('"');
+            out.push_str(tok);
+            out.push('"');
+            rest = &rest[tok.len()..];
+            continue;
+        }
+        out.push(c);
+        rest = &rest[c.len_utf8()..];
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+#[cfg(test)]
+mod non_finite_tests {
+    use super::*;
+
+    #[test]
+    fn python_non_finite_numbers_read_as_floats() {
+        let text = r#"{"lambda_min_clipped": -Infinity, "hi": Infinity, "n": NaN, "name": "NaN -Infinity \" Infinity", "x": 1.5}"#;
+        let c = ConfigReader::parse(Path::new("scheduler_config.json"), text).unwrap();
+        assert_eq!(c.f64("lambda_min_clipped", 0.0).unwrap(), f64::NEG_INFINITY);
+        assert_eq!(c.f64("hi", 0.0).unwrap(), f64::INFINITY);
+        assert!(c.f64("n", 0.0).unwrap().is_nan());
+        assert_eq!(c.f64("x", 0.0).unwrap(), 1.5);
+        // Inside strings nothing changes.
+        assert_eq!(c.string("name").unwrap().as_deref(), Some("NaN -Infinity \" Infinity"));
+        // A string that is not a non-finite token is still not a number.
+        assert!(c.f64("name", 0.0).is_err());
     }
 }

@@ -141,6 +141,28 @@ pub struct OpenOptions {
     /// For single-file checkpoints: a diffusers folder whose component configs
     /// (and tokenizer) describe the checkpoint, instead of the bundled SD configs.
     pub config_dir: Option<PathBuf>,
+    /// The UNet subfolder to run instead of `unet/` (e.g. `unet_lcm`, a distilled
+    /// UNet shipped beside the base one). Its scheduler is `scheduler_<suffix>/`
+    /// when that folder exists, else `scheduler/`.
+    pub unet: Option<String>,
+}
+
+/// The scheduler folder that belongs to a UNet folder: `unet_lcm` -> `scheduler_lcm`.
+fn scheduler_folder_for(unet: &str) -> Option<String> {
+    unet.strip_prefix("unet_").map(|suffix| format!("scheduler_{suffix}"))
+}
+
+/// A UNet folder name must be a plain subfolder name: no separators, no `..`.
+fn check_unet_folder(root: &Path, unet: &str) -> Result<(), LoadError> {
+    let plain = !unet.is_empty() && unet != "." && unet != ".." && !unet.contains(['/', '\\']);
+    if plain && unet.starts_with("unet") {
+        Ok(())
+    } else {
+        Err(LoadError::Layout {
+            path: root.to_path_buf(),
+            reason: format!("`{unet}` is not a UNet subfolder name (expected `unet` or `unet_<name>`, e.g. `unet_lcm`)"),
+        })
+    }
 }
 
 /// An opened model: everything but the weights themselves.
@@ -153,6 +175,8 @@ pub struct SdModel {
     pub vae_config: VaeConfig,
     pub schedule: ScheduleConfig,
     pub tokenizer: ClipTokenizer,
+    /// The UNet subfolder in use (`unet` unless [`OpenOptions::unet`] chose another).
+    pub unet_folder: String,
     stores: BTreeMap<Component, WeightStore>,
 }
 
@@ -166,6 +190,12 @@ impl SdModel {
             });
         }
         if path.is_file() {
+            if let Some(unet) = &opts.unet {
+                return Err(LoadError::Layout {
+                    path: path.to_path_buf(),
+                    reason: format!("a single-file checkpoint has one UNet; `--unet {unet}` needs a diffusers folder"),
+                });
+            }
             return super::single_file::open(path, opts);
         }
         let index_path = path.join("model_index.json");
@@ -192,10 +222,21 @@ impl SdModel {
             });
         }
         let variant = opts.variant.as_deref();
+        let unet_folder = opts.unet.clone().unwrap_or_else(|| "unet".into());
+        check_unet_folder(path, &unet_folder)?;
+        if !path.join(&unet_folder).is_dir() {
+            return Err(LoadError::NotFound {
+                path: path.join(&unet_folder),
+                hint: format!(" (this model has no UNet folder `{unet_folder}`)"),
+            });
+        }
         let text_config = ClipTextConfig::from_file(&path.join("text_encoder").join("config.json"))?;
-        let unet_config = UNetConfig::from_file(&path.join("unet").join("config.json"))?;
+        let unet_config = UNetConfig::from_file(&path.join(&unet_folder).join("config.json"))?;
         let vae_config = VaeConfig::from_file(&path.join("vae").join("config.json"))?;
-        let sched_path = path.join("scheduler").join("scheduler_config.json");
+        let sched_dir = scheduler_folder_for(&unet_folder)
+            .filter(|d| path.join(d).is_dir())
+            .unwrap_or_else(|| "scheduler".into());
+        let sched_path = path.join(sched_dir).join("scheduler_config.json");
         let schedule = if sched_path.is_file() {
             ScheduleConfig::from_file(&sched_path)?
         } else {
@@ -211,7 +252,8 @@ impl SdModel {
         };
         let mut stores = BTreeMap::new();
         for c in [Component::TextEncoder, Component::Unet, Component::Vae] {
-            stores.insert(c, open_component(&path.join(c.folder()), variant)?);
+            let folder = if c == Component::Unet { unet_folder.as_str() } else { c.folder() };
+            stores.insert(c, open_component(&path.join(folder), variant)?);
         }
         let mut model = Self::from_parts(
             display_name(path),
@@ -224,6 +266,7 @@ impl SdModel {
             stores,
         )?;
         model.pipeline_class = index.and_then(|i| i.pipeline_class);
+        model.unet_folder = unet_folder;
         Ok(model)
     }
 
@@ -231,8 +274,20 @@ impl SdModel {
     /// fresh install needs no path and no files. Its weights stay in the
     /// executable's read-only pages. The tokenizer is the embedded CLIP vocabulary
     /// with SD 1.x settings.
-    pub fn from_embedded(name: &str, files: &[EmbeddedFile]) -> Result<Self, LoadError> {
+    pub fn from_embedded(name: &str, files: &[EmbeddedFile], unet: Option<&str>) -> Result<Self, LoadError> {
         let root = PathBuf::from(EMBEDDED_ROOT);
+        let unet_folder = unet.unwrap_or("unet").to_string();
+        check_unet_folder(&root, &unet_folder)?;
+        let has_folder = |d: &str| files.iter().any(|f| f.path.starts_with(&format!("{d}/")));
+        if !has_folder(&unet_folder) {
+            return Err(LoadError::NotFound {
+                path: root.join(&unet_folder),
+                hint: format!(" (the built-in model has no UNet folder `{unet_folder}`)"),
+            });
+        }
+        let sched_dir = scheduler_folder_for(&unet_folder)
+            .filter(|d| has_folder(d))
+            .unwrap_or_else(|| "scheduler".into());
         let label = |p: &str| root.join(p);
         let text = |p: &str| -> Result<ConfigReader, LoadError> {
             let f = files.iter().find(|f| f.path == p).ok_or_else(|| LoadError::NotFound {
@@ -246,30 +301,31 @@ impl SdModel {
             ConfigReader::parse(&label(p), s)
         };
         let text_config = ClipTextConfig::from_reader(&text("text_encoder/config.json")?)?;
-        let unet_config = UNetConfig::from_reader(&text("unet/config.json")?)?;
+        let unet_config = UNetConfig::from_reader(&text(&format!("{unet_folder}/config.json"))?)?;
         let vae_reader = text("vae/config.json")?;
         let vae_config = match vae_reader.string("_class_name")?.as_deref() {
             Some("AutoencoderTiny") => VaeConfig::Tiny(AutoencoderTinyConfig::from_reader(&vae_reader)?),
             _ => VaeConfig::Kl(AutoencoderKLConfig::from_reader(&vae_reader)?),
         };
-        let schedule = ScheduleConfig::from_reader(&text("scheduler/scheduler_config.json")?)?;
+        let schedule = ScheduleConfig::from_reader(&text(&format!("{sched_dir}/scheduler_config.json"))?)?;
         let mut stores = BTreeMap::new();
         for c in [Component::TextEncoder, Component::Unet, Component::Vae] {
-            let mut store = WeightStore::new(label(c.folder()));
-            let prefix = format!("{}/", c.folder());
+            let folder = if c == Component::Unet { unet_folder.as_str() } else { c.folder() };
+            let mut store = WeightStore::new(label(folder));
+            let prefix = format!("{folder}/");
             for f in files.iter().filter(|f| f.path.starts_with(&prefix) && f.path.ends_with(".safetensors")) {
                 let file = crate::loading::safetensors::SafetensorsFile::from_static(&label(f.path), f.bytes)?;
                 store.add_file(&file)?;
             }
             if store.is_empty() {
                 return Err(LoadError::NotFound {
-                    path: label(c.folder()),
+                    path: label(folder),
                     hint: " (the embedded model has no weights for it)".into(),
                 });
             }
             stores.insert(c, store);
         }
-        Self::from_parts(
+        let mut model = Self::from_parts(
             name.to_string(),
             root,
             text_config,
@@ -278,7 +334,9 @@ impl SdModel {
             schedule,
             ClipTokenizer::builtin(PadToken::EndOfText),
             stores,
-        )
+        )?;
+        model.unet_folder = unet_folder;
+        Ok(model)
     }
 
     /// Assembles a model from parts already read (single-file checkpoints).
@@ -302,6 +360,7 @@ impl SdModel {
             vae_config,
             schedule,
             tokenizer,
+            unet_folder: "unet".into(),
             stores,
         };
         m.check_compatible()?;

@@ -66,6 +66,9 @@ pub struct Recipe {
     pub model_path: PathBuf,
     /// First 10 hex digits of the model fingerprint (see [`model_hash`]).
     pub model_hash: String,
+    /// The UNet subfolder, when not the model's default `unet/` (e.g. `unet_lcm`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unet: Option<String>,
     pub strength: Option<f64>,
     pub image: Option<InputFile>,
     pub mask: Option<InputFile>,
@@ -95,6 +98,7 @@ impl Recipe {
             model_name: model.name.clone(),
             model_path: model.root.clone(),
             model_hash: model_hash(model),
+            unet: (model.unet_folder != "unet").then(|| model.unet_folder.clone()),
             strength: None,
             image: None,
             mask: None,
@@ -131,6 +135,9 @@ impl Recipe {
             "\nSteps: {}, Sampler: {}, CFG scale: {}, Seed: {}, Size: {}x{}, Model hash: {}, Model: {}",
             self.steps, self.sampler, self.guidance_scale, self.seed, self.width, self.height, self.model_hash, self.model_name
         ));
+        if let Some(unet) = &self.unet {
+            s.push_str(&format!(", UNet: {unet}"));
+        }
         if let Some(st) = self.strength {
             s.push_str(&format!(", Denoising strength: {st}"));
         }

@@ -61,15 +61,16 @@ fn write_err(path: &Path) -> impl Fn(std::io::Error) -> RunError + '_ {
     }
 }
 
-/// The file a tensor of `component` goes to (relative to the output folder), and its segment.
-fn destination(component: Component, name: &str) -> (&'static str, Segment) {
+/// The file a tensor of `component` goes to (relative to the output folder), and
+/// its segment. The UNet keeps the subfolder it was opened from (`unet`, `unet_lcm`).
+fn destination(component: Component, name: &str, unet_folder: &str) -> (String, Segment) {
     match component {
-        Component::TextEncoder => ("text_encoder/model.safetensors", Segment::TextEncoder),
-        Component::Unet => ("unet/diffusion_pytorch_model.safetensors", Segment::Unet),
+        Component::TextEncoder => ("text_encoder/model.safetensors".into(), Segment::TextEncoder),
+        Component::Unet => (format!("{unet_folder}/diffusion_pytorch_model.safetensors"), Segment::Unet),
         Component::Vae if name.starts_with("encoder.") || name.starts_with("quant_conv.") => {
-            ("vae/vae_encoder.safetensors", Segment::VaeEncoder)
+            ("vae/vae_encoder.safetensors".into(), Segment::VaeEncoder)
         }
-        Component::Vae => ("vae/vae_decoder.safetensors", Segment::VaeDecoder),
+        Component::Vae => ("vae/vae_decoder.safetensors".into(), Segment::VaeDecoder),
     }
 }
 
@@ -157,7 +158,7 @@ pub fn convert(
     Ok(record)
 }
 
-fn copy_configs(configs: ConfigSource<'_>, dir: &Path) -> Result<()> {
+fn copy_configs(configs: ConfigSource<'_>, dir: &Path, unet_folder: &str) -> Result<()> {
     let is_weights = |p: &str| {
         p.ends_with(".safetensors")
             || p.contains(".safetensors.index")
@@ -174,7 +175,9 @@ fn copy_configs(configs: ConfigSource<'_>, dir: &Path) -> Result<()> {
         }
         ConfigSource::Folder(root) => {
             let mut wanted = vec!["model_index.json".to_string()];
-            for sub in ["text_encoder", "unet", "vae", "scheduler", "tokenizer"] {
+            let unet_scheduler = unet_folder.strip_prefix("unet_").map(|s| format!("scheduler_{s}"));
+            let subs = ["text_encoder", "vae", "scheduler", "tokenizer", unet_folder];
+            for sub in subs.iter().copied().chain(unet_scheduler.as_deref()) {
                 let Ok(rd) = std::fs::read_dir(root.join(sub)) else {
                     continue;
                 };
@@ -224,7 +227,7 @@ fn write_all(
     dir: &Path,
 ) -> Result<ConvertRecord> {
     std::fs::create_dir_all(dir).map_err(write_err(dir))?;
-    copy_configs(configs, dir)?;
+    copy_configs(configs, dir, &model.unet_folder)?;
     let source_hash = crate::pipelines::recipe::model_hash(model);
     let policy_text = policy.to_text();
     let mut record = ConvertRecord {
@@ -236,21 +239,18 @@ fn write_all(
         schemes: BTreeMap::new(),
     };
     // Group every tensor by destination file.
-    let mut files: BTreeMap<&'static str, (Segment, Vec<(String, &StoredTensor)>)> =
-        BTreeMap::new();
+    type Group<'m> = (Segment, Component, Vec<(String, &'m StoredTensor)>);
+    let mut files: BTreeMap<String, Group> = BTreeMap::new();
     for c in [Component::TextEncoder, Component::Unet, Component::Vae] {
         for (name, t) in model.store(c).iter() {
-            let (file, seg) = destination(c, name);
-            files
-                .entry(file)
-                .or_insert((seg, Vec::new()))
-                .1
-                .push((name.clone(), t));
+            let (file, seg) = destination(c, name, &model.unet_folder);
+            files.entry(file).or_insert((seg, c, Vec::new())).2.push((name.clone(), t));
         }
     }
     let mut vae_map = serde_json::Map::new();
-    for (rel, (segment, tensors)) in &files {
-        let component = rel.split('/').next().unwrap_or("");
+    for (rel, (segment, comp, tensors)) in &files {
+        // Policies name tensors by component (`unet/...`) whichever UNet subfolder it is.
+        let component = comp.folder();
         let mut planned: Vec<Planned> = tensors
             .iter()
             .map(|(name, t)| {
