@@ -107,6 +107,12 @@ fn check_paths(input: Option<&Path>, out: &Path, force: bool) -> Result<()> {
             )));
         }
     }
+    if out.file_name().is_none() {
+        return Err(RunError::Invalid(format!("--out {} must name a new folder", out.display())));
+    }
+    if out.exists() && !out.is_dir() {
+        return Err(RunError::Invalid(format!("{} exists and is not a folder; it is left alone", out.display())));
+    }
     if out.exists() && !force {
         return Err(RunError::Invalid(format!(
             "{} already exists; pass --force to replace it",
@@ -150,7 +156,12 @@ pub fn convert(
     if out.exists() {
         let old = parent.join(format!(".{name}.old-{}", std::process::id()));
         std::fs::rename(out, &old).map_err(write_err(out))?;
-        std::fs::rename(&tmp, out).map_err(write_err(out))?;
+        if let Err(e) = std::fs::rename(&tmp, out) {
+            // Put the previous folder back rather than leave nothing at OUT.
+            let _ = std::fs::rename(&old, out);
+            let _ = std::fs::remove_dir_all(&tmp);
+            return Err(write_err(out)(e));
+        }
         std::fs::remove_dir_all(&old).map_err(write_err(&old))?;
     } else {
         std::fs::rename(&tmp, out).map_err(write_err(out))?;

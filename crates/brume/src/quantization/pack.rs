@@ -77,6 +77,21 @@ pub fn unpack_lookup(bytes: &[u8], bits: Bits, start: usize, table: &[f32], out:
                 *t = table[(src[pairs] & 0xf) as usize];
             }
         }
+        Bits::B2 if start % 4 == 0 => {
+            let table: &[f32; 4] = table.try_into().unwrap_or(&[0.0; 4]);
+            let quads = out.len() / 4;
+            let src = &bytes[start / 4..start / 4 + out.len().div_ceil(4)];
+            let (body, tail) = out.split_at_mut(quads * 4);
+            for (o, &b) in body.chunks_exact_mut(4).zip(src) {
+                o[0] = table[(b & 3) as usize];
+                o[1] = table[((b >> 2) & 3) as usize];
+                o[2] = table[((b >> 4) & 3) as usize];
+                o[3] = table[(b >> 6) as usize];
+            }
+            for (j, t) in tail.iter_mut().enumerate() {
+                *t = table[((src[quads] >> (2 * j)) & 3) as usize];
+            }
+        }
         _ => {
             for (j, o) in out.iter_mut().enumerate() {
                 *o = table[index_at(bytes, bits, start + j)];
