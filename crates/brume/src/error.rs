@@ -62,8 +62,9 @@ pub enum LoadError {
     Quantized {
         path: PathBuf,
         tensor: String,
+        /// Boxed to keep `LoadError` small (it travels in every load `Result`).
         #[source]
-        source: crate::quantization::QuantError,
+        source: Box<crate::quantization::QuantError>,
     },
     #[error("{path}: {count} unexpected tensor(s) for {module}, e.g. {examples}")]
     UnexpectedTensors {

@@ -144,7 +144,7 @@ fn quant_error(dir: &Path) -> (String, QuantError) {
     match open_component(dir, None) {
         Err(LoadError::Quantized { tensor, source, path }) => {
             assert!(path.ends_with("diffusion_pytorch_model.safetensors"));
-            (tensor, source)
+            (tensor, *source)
         }
         Err(other) => panic!("expected a compressed-tensor error, got {other}"),
         Ok(_) => panic!("expected an error"),

@@ -60,7 +60,7 @@ impl PackedWeight {
             Err(source) => Err(LoadError::Quantized {
                 path: t.file.path().to_path_buf(),
                 tensor: name.to_string(),
-                source,
+                source: Box::new(source),
             }),
         })
     }

@@ -12,8 +12,9 @@ pub enum Param {
     /// f32 in the file, read in place.
     Mapped(MappedF32),
     /// Compressed (int8, palettized, ternary) or half precision in the file,
-    /// expanded one layer at a time at forward time.
-    Packed(PackedWeight),
+    /// expanded one layer at a time at forward time. Boxed: it is the largest
+    /// variant, and models hold hundreds of these inline.
+    Packed(Box<PackedWeight>),
 }
 
 impl Param {
@@ -27,7 +28,7 @@ impl Param {
                 return Ok(Param::Mapped(m));
             }
             if let Some(p) = PackedWeight::from_stored(stored, &w.name(leaf)) {
-                return p.map(Param::Packed);
+                return p.map(|p| Param::Packed(Box::new(p)));
             }
             tracing::debug!(tensor = %w.name(leaf), "not mappable in place (dtype or alignment); copying");
         }

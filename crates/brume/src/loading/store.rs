@@ -123,7 +123,7 @@ impl WeightStore {
         let qerr = |tensor: &str, source: QuantError| LoadError::Quantized {
             path: file.path().to_path_buf(),
             tensor: tensor.to_string(),
-            source,
+            source: Box::new(source),
         };
         let table = PrecisionTable::of(file).map_err(|e| qerr(crate::quantization::format::PRECISION_KEY, e))?;
         let companions = table.as_ref().map(companion_names).unwrap_or_default();

@@ -19,7 +19,7 @@ const TERNARY_THRESHOLD: f32 = 0.7;
 pub fn channels(shape: &[usize]) -> (usize, usize) {
     let out = shape.first().copied().unwrap_or(1);
     let numel: usize = shape.iter().product();
-    (out, if out == 0 { 0 } else { numel / out })
+    (out, numel.checked_div(out).unwrap_or(0))
 }
 
 fn f32_bytes(v: impl IntoIterator<Item = f32>) -> Vec<u8> {
