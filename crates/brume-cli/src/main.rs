@@ -23,6 +23,8 @@ enum Command {
     Generate(commands::generate::Args),
     /// Edit a picture: img2img (no mask), inpainting (--mask) or outpainting (--extend).
     Edit(commands::edit::Args),
+    /// Rewrite a model at a precision tier: fp16, bf16, int8, palettized 4-bit, ternary, or a policy file.
+    Convert(commands::convert::Args),
     /// Benchmarks that print tables (medians, alternating the variants).
     #[command(subcommand)]
     Bench(commands::bench::Bench),
@@ -56,6 +58,7 @@ fn main() -> ExitCode {
         Command::Edit(a) => commands::edit::run(a),
         Command::Info(a) => commands::info::run(a),
         Command::Bench(b) => commands::bench::run(b),
+        Command::Convert(a) => commands::convert::run(a),
         Command::Doctor(a) => commands::doctor::run(a),
         Command::Eval(e) => commands::eval::run(e),
         Command::Inspect(a) => commands::inspect::run(a),

@@ -163,3 +163,45 @@ fn eval_adherence_prints_the_table_and_writes_a_contact_sheet() {
     let img = image::open(&show).unwrap();
     assert_eq!((img.width(), img.height()), (11 * t, 2 * t), "11 samplers; 5 edit tiles");
 }
+
+#[test]
+fn convert_writes_a_model_that_generates_and_bench_precision_compares_tiers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("int8");
+    let run = brume().args(["convert", "--precision", "int8", "--out"]).arg(&out).output().unwrap();
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    assert!(String::from_utf8_lossy(&run.stdout).contains("int8"));
+    let png = tmp.path().join("a.png");
+    let gen = brume().args(["generate", "a red circle", "--steps", "2", "--model"]).arg(&out).arg("--out").arg(&png).output().unwrap();
+    assert!(gen.status.success(), "{}", String::from_utf8_lossy(&gen.stderr));
+    assert!(png.exists());
+    // An existing OUT is kept without --force; its own input is refused even with it.
+    let again = brume().args(["convert", "--precision", "int8", "--out"]).arg(&out).output().unwrap();
+    assert!(!again.status.success() && String::from_utf8_lossy(&again.stderr).contains("--force"));
+    let onto_input = brume().args(["convert", "--precision", "fp16", "--force", "--model"]).arg(&out).arg("--out").arg(&out).output().unwrap();
+    assert!(!onto_input.status.success() && String::from_utf8_lossy(&onto_input.stderr).contains("input model"));
+    let bad = brume().args(["convert", "--precision", "int5", "--out"]).arg(tmp.path().join("z")).output().unwrap();
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("neither a preset"), "{}", String::from_utf8_lossy(&bad.stderr));
+    // A policy file, with a bad line named.
+    let policy = tmp.path().join("p.policy");
+    std::fs::write(&policy, "unet/* palettize4\n* int8\n").unwrap();
+    let pol = brume().args(["convert", "--precision"]).arg(&policy).arg("--out").arg(tmp.path().join("p")).output().unwrap();
+    assert!(pol.status.success(), "{}", String::from_utf8_lossy(&pol.stderr));
+    let record = std::fs::read_to_string(tmp.path().join("p/brume_precision.json")).unwrap();
+    assert!(record.contains("unet/* palettize4"), "{record}");
+    std::fs::write(&policy, "unet/* palettize5\n").unwrap();
+    let bad = brume().args(["convert", "--precision"]).arg(&policy).arg("--out").arg(tmp.path().join("q")).output().unwrap();
+    let e = String::from_utf8_lossy(&bad.stderr);
+    assert!(e.contains("line 1") && e.contains("palettize5"), "{e}");
+
+    let bench = brume()
+        .args(["bench", "precision", "--tiers", "fp32,int8", "--steps", "2", "--adherence", "2", "--adherence-steps", "2", "--work"])
+        .arg(tmp.path().join("bench"))
+        .output()
+        .unwrap();
+    assert!(bench.status.success(), "{}", String::from_utf8_lossy(&bench.stderr));
+    let table = String::from_utf8_lossy(&bench.stdout);
+    for s in ["PSNR", "exact", "int8", "prompt adherence", "unet MiB"] {
+        assert!(table.contains(s), "missing {s} in\n{table}");
+    }
+}

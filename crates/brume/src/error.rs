@@ -58,6 +58,14 @@ pub enum LoadError {
         found: String,
         module: String,
     },
+    #[error("{path}: compressed tensor `{tensor}`: {source}")]
+    Quantized {
+        path: PathBuf,
+        tensor: String,
+        /// Boxed to keep `LoadError` small (it travels in every load `Result`).
+        #[source]
+        source: Box<crate::quantization::QuantError>,
+    },
     #[error("{path}: {count} unexpected tensor(s) for {module}, e.g. {examples}")]
     UnexpectedTensors {
         path: PathBuf,

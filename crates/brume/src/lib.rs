@@ -10,6 +10,7 @@ pub mod layers;
 pub mod loading;
 pub mod models;
 pub mod pipelines;
+pub mod quantization;
 pub mod runtime;
 pub mod samplers;
 pub mod util;

@@ -15,6 +15,12 @@ use super::ModelArgs;
 pub enum Bench {
     /// What the conditioning cache (cross-attention K/V reuse) saves.
     KvCache(KvArgs),
+    /// Per precision tier: bytes per segment, peak RSS and private-dirty memory,
+    /// seconds per UNet step, PSNR against fp32, prompt adherence (built-in model).
+    Precision(super::bench_precision::PrecisionArgs),
+    /// One tier's generation in its own process (used by `bench precision`).
+    #[command(hide = true)]
+    PrecisionRun(super::bench_precision::RunArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -38,6 +44,8 @@ pub struct KvArgs {
 pub fn run(b: Bench) -> anyhow::Result<()> {
     match b {
         Bench::KvCache(a) => kv_cache(a),
+        Bench::Precision(a) => super::bench_precision::precision(a),
+        Bench::PrecisionRun(a) => super::bench_precision::run_child(a),
     }
 }
 

@@ -171,40 +171,50 @@ fn showcase(a: ShowcaseArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn adherence(a: AdherenceArgs) -> anyhow::Result<()> {
-    if a.count == 0 || a.columns == 0 {
-        bail!("--count and --columns must be positive");
-    }
-    let model = a.model.open()?;
-    let size = model.default_size();
-    let prompts = brume_world::scene::held_out_prompts(a.count);
-    let sampler = a.sampler.as_deref().map(SamplerKind::parse).transpose()?;
-    let kind = match sampler {
-        Some(k) => k,
-        None => SamplerKind::from_config(&model.schedule)?,
-    };
-    let steps = a.steps.unwrap_or(match kind {
+/// Adherence steps when none are given: 4 for the few-step samplers, else 25.
+pub fn default_steps(kind: SamplerKind) -> usize {
+    match kind {
         SamplerKind::Lcm | SamplerKind::Tcd => 4,
         _ => 25,
-    });
+    }
+}
+
+/// Per-attribute (correct, judged) counts on held-out prompts, and how many
+/// images had every attribute right.
+pub struct Adherence {
+    pub attributes: BTreeMap<&'static str, (usize, usize)>,
+    pub all_correct: usize,
+    pub prompts: Vec<(String, u64)>,
+}
+
+/// Generates the first `count` held-out prompts (fixed seeds, brume RNG) at the
+/// model's native size and judges each image against its caption.
+pub fn judge_held_out(
+    model: &brume::pipelines::SdModel,
+    count: usize,
+    steps: usize,
+    guidance: f64,
+    kind: SamplerKind,
+) -> anyhow::Result<(Adherence, Vec<image::RgbImage>)> {
+    let size = model.default_size();
+    let prompts = brume_world::scene::held_out_prompts(count);
     let opts = RunOptions::default();
     let mut tally: BTreeMap<&'static str, (usize, usize)> = BTreeMap::new();
     let mut all_correct = 0usize;
     let mut tiles = Vec::with_capacity(prompts.len());
-    let start = Instant::now();
     for (i, (caption, seed)) in prompts.iter().enumerate() {
         let spec = brume_world::caption::parse_caption(caption)
             .map_err(|e| anyhow::anyhow!("held-out prompt `{caption}` does not parse: {e}"))?;
         let req = GenerationRequest {
             steps,
-            guidance_scale: a.guidance,
+            guidance_scale: guidance,
             seed: *seed,
             rng: RngKind::Brume,
             sampler: Some(kind),
             ..GenerationRequest::new(caption.clone(), size)
         };
         let mut noise = noise_source(req.rng, req.seed);
-        let out = txt2img(&model, &req, &opts, noise.as_mut(), None, &mut |_| Flow::Continue)?;
+        let out = txt2img(model, &req, &opts, noise.as_mut(), None, &mut |_| Flow::Continue)?;
         let img = to_rgb8(&out.image)?;
         let verdict = brume_world::judge::judge(&img, &spec);
         for (name, ok) in verdict.attributes() {
@@ -216,6 +226,25 @@ fn adherence(a: AdherenceArgs) -> anyhow::Result<()> {
         tiles.push(img);
         eprint!("\r{}/{}", i + 1, prompts.len());
     }
+    Ok((Adherence { attributes: tally, all_correct, prompts }, tiles))
+}
+
+fn adherence(a: AdherenceArgs) -> anyhow::Result<()> {
+    if a.count == 0 || a.columns == 0 {
+        bail!("--count and --columns must be positive");
+    }
+    let model = a.model.open()?;
+    let size = model.default_size();
+    let sampler = a.sampler.as_deref().map(SamplerKind::parse).transpose()?;
+    let kind = match sampler {
+        Some(k) => k,
+        None => SamplerKind::from_config(&model.schedule)?,
+    };
+    let steps = a.steps.unwrap_or(default_steps(kind));
+    let start = Instant::now();
+    let (scores, tiles) = judge_held_out(&model, a.count, steps, a.guidance, kind)?;
+    let (tally, all_correct) = (scores.attributes, scores.all_correct);
+    let prompts = scores.prompts;
     eprintln!();
     let secs = start.elapsed().as_secs_f64();
     println!(

@@ -1,4 +1,6 @@
 pub mod bench;
+pub mod bench_precision;
+pub mod convert;
 pub mod doctor;
 pub mod edit;
 pub mod eval;
@@ -32,6 +34,15 @@ pub struct ModelArgs {
 }
 
 impl ModelArgs {
+    /// The model's path on disk; `None` for the model compiled into the executable.
+    pub fn path(&self) -> Option<PathBuf> {
+        match &self.model {
+            Some(p) if p.as_os_str() != brume::pipelines::EMBEDDED_ROOT => Some(p.clone()),
+            Some(_) => None,
+            None => std::env::var_os("BRUME_BUILTIN_MODEL").map(PathBuf::from),
+        }
+    }
+
     /// The chosen model: `--model`, else `$BRUME_BUILTIN_MODEL` (a folder), else
     /// the model compiled into this executable.
     pub fn open(&self) -> anyhow::Result<SdModel> {
@@ -40,12 +51,7 @@ impl ModelArgs {
             config_dir: self.config.clone(),
             unet: self.unet.clone(),
         };
-        let path = match &self.model {
-            Some(p) if p.as_os_str() != brume::pipelines::EMBEDDED_ROOT => Some(p.clone()),
-            Some(_) => None,
-            None => std::env::var_os("BRUME_BUILTIN_MODEL").map(PathBuf::from),
-        };
-        match path {
+        match self.path() {
             Some(path) => SdModel::open(&path, &opts).with_context(|| format!("opening model {}", path.display())),
             None => SdModel::from_embedded("builtin", crate::builtin::FILES, self.unet.as_deref()).context("opening the built-in model"),
         }

@@ -34,6 +34,7 @@ impl Embedding {
         }
         let out = match &self.table {
             Param::Mapped(m) => mapped::gather_rows(m, &flat.to_vec1::<u32>()?, ids.device())?,
+            Param::Packed(p) => p.gather_rows(&flat.to_vec1::<u32>()?, ids.device())?,
             Param::Dense(t) => t.index_select(&flat, 0)?,
         };
         let mut shape = ids.dims().to_vec();

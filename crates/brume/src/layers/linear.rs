@@ -42,6 +42,8 @@ impl Linear {
         let y = match &self.weight {
             Param::Mapped(m) if x2.dtype() == candle_core::DType::F32 => mapped::linear(&x2, m)?,
             Param::Mapped(m) => x2.matmul(&m.to_tensor(x2.device())?.t()?)?,
+            Param::Packed(p) if x2.dtype() == candle_core::DType::F32 => mapped::linear_packed(&x2, p)?,
+            Param::Packed(p) => x2.matmul(&p.to_tensor(x2.device())?.to_dtype(x2.dtype())?.t()?)?,
             Param::Dense(t) => x2.matmul(&t.t()?)?,
         };
         let y = match &self.bias {

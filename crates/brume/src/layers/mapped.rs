@@ -126,8 +126,32 @@ fn input_f32<'a>(storage: &'a CpuStorage, layout: &Layout) -> Result<&'a [f32]> 
     }
 }
 
-/// `x [rows, in] -> x W^T [rows, out]` with W [out, in] mapped.
-struct LinearOp<'a>(&'a MappedF32);
+/// A weight our kernels can read as f32: in place, or expanded per call.
+#[derive(Clone, Copy)]
+enum View<'a> {
+    Mapped(&'a MappedF32),
+    Packed(&'a super::packed::PackedWeight),
+}
+
+impl View<'_> {
+    fn shape(&self) -> &[usize] {
+        match self {
+            View::Mapped(m) => &m.shape,
+            View::Packed(p) => p.shape(),
+        }
+    }
+
+    /// Runs `f` on the f32 weights.
+    fn with_data<R>(&self, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
+        match self {
+            View::Mapped(m) => Ok(f(m.data())),
+            View::Packed(p) => p.with_expanded(f),
+        }
+    }
+}
+
+/// `x [rows, in] -> x W^T [rows, out]` with W [out, in] mapped or packed.
+struct LinearOp<'a>(View<'a>);
 
 impl CustomOp1 for LinearOp<'_> {
     fn name(&self) -> &'static str {
@@ -137,25 +161,30 @@ impl CustomOp1 for LinearOp<'_> {
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
         let x = input_f32(storage, layout)?;
         let (rows, k) = layout.shape().dims2()?;
-        let (n, wk) = (self.0.shape[0], self.0.shape[1]);
+        let (n, wk) = (self.0.shape()[0], self.0.shape()[1]);
         if k != wk {
-            candle_core::bail!("mapped linear: input width {k} but weight is {:?}", self.0.shape);
+            candle_core::bail!("mapped linear: input width {k} but weight is {:?}", self.0.shape());
         }
         let mut dst = vec![0f32; rows * n];
         // b[k, n] = W[n, k]: moving along k is stride 1, along n stride `in`.
-        sgemm(rows, n, k, &mut dst, x, k, 1, self.0.data(), 1, k);
+        self.0.with_data(|w| sgemm(rows, n, k, &mut dst, x, k, 1, w, 1, k))?;
         Ok((CpuStorage::F32(dst), Shape::from((rows, n))))
     }
 }
 
 /// `x [rows, in]` times the transposed mapped weight.
 pub fn linear(x: &Tensor, w: &MappedF32) -> Result<Tensor> {
-    x.contiguous()?.apply_op1_no_bwd(&LinearOp(w))
+    x.contiguous()?.apply_op1_no_bwd(&LinearOp(View::Mapped(w)))
+}
+
+/// `x [rows, in]` times the transposed packed weight (expanded for the call).
+pub fn linear_packed(x: &Tensor, w: &super::packed::PackedWeight) -> Result<Tensor> {
+    x.contiguous()?.apply_op1_no_bwd(&LinearOp(View::Packed(w)))
 }
 
 /// 2-D convolution with a mapped [out, in, k, k] kernel: im2col + one GEMM per image.
 struct ConvOp<'a> {
-    w: &'a MappedF32,
+    w: View<'a>,
     stride: usize,
     padding: usize,
 }
@@ -168,9 +197,10 @@ impl CustomOp1 for ConvOp<'_> {
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
         let x = input_f32(storage, layout)?;
         let (b, c, h, w) = layout.shape().dims4()?;
-        let (o, wc, kh, kw) = (self.w.shape[0], self.w.shape[1], self.w.shape[2], self.w.shape[3]);
+        let ws = self.w.shape();
+        let (o, wc, kh, kw) = (ws[0], ws[1], ws[2], ws[3]);
         if c != wc {
-            candle_core::bail!("mapped conv: {c} input channels but kernel is {:?}", self.w.shape);
+            candle_core::bail!("mapped conv: {c} input channels but kernel is {ws:?}");
         }
         let (s, p) = (self.stride, self.padding);
         if h + 2 * p < kh || w + 2 * p < kw {
@@ -179,7 +209,6 @@ impl CustomOp1 for ConvOp<'_> {
         let ho = (h + 2 * p - kh) / s + 1;
         let wo = (w + 2 * p - kw) / s + 1;
         let (hw, ck) = (ho * wo, c * kh * kw);
-        let weights = self.w.data();
         let mut dst = vec![0f32; b * o * hw];
         let direct = kh == 1 && kw == 1 && s == 1 && p == 0;
         // Unfold a band of output rows at a time so the patch buffer stays near
@@ -187,23 +216,26 @@ impl CustomOp1 for ConvOp<'_> {
         const COLS_BUDGET: usize = 16 << 20;
         let band = (COLS_BUDGET / (4 * ck * wo).max(1)).clamp(1, ho);
         let mut cols = if direct { Vec::new() } else { vec![0f32; ck * band * wo] };
-        for n in 0..b {
-            let img = &x[n * c * h * w..(n + 1) * c * h * w];
-            let out = &mut dst[n * o * hw..(n + 1) * o * hw];
-            if direct {
-                sgemm(o, hw, ck, out, weights, ck, 1, img, hw, 1);
-                continue;
+        let mut run = |weights: &[f32]| {
+            for n in 0..b {
+                let img = &x[n * c * h * w..(n + 1) * c * h * w];
+                let out = &mut dst[n * o * hw..(n + 1) * o * hw];
+                if direct {
+                    sgemm(o, hw, ck, out, weights, ck, 1, img, hw, 1);
+                    continue;
+                }
+                let mut oy0 = 0;
+                while oy0 < ho {
+                    let rows = band.min(ho - oy0);
+                    let cols = &mut cols[..ck * rows * wo];
+                    im2col(img, c, h, w, kh, kw, s, p, oy0, rows, wo, cols);
+                    let n_cols = rows * wo;
+                    sgemm_strided(o, n_cols, ck, &mut out[oy0 * wo..], hw, weights, ck, 1, cols, n_cols, 1);
+                    oy0 += rows;
+                }
             }
-            let mut oy0 = 0;
-            while oy0 < ho {
-                let rows = band.min(ho - oy0);
-                let cols = &mut cols[..ck * rows * wo];
-                im2col(img, c, h, w, kh, kw, s, p, oy0, rows, wo, cols);
-                let n_cols = rows * wo;
-                sgemm_strided(o, n_cols, ck, &mut out[oy0 * wo..], hw, weights, ck, 1, cols, n_cols, 1);
-                oy0 += rows;
-            }
-        }
+        };
+        self.w.with_data(&mut run)?;
         Ok((CpuStorage::F32(dst), Shape::from((b, o, ho, wo))))
     }
 }
@@ -237,7 +269,12 @@ fn im2col(img: &[f32], c: usize, h: usize, w: usize, kh: usize, kw: usize, s: us
 }
 
 pub fn conv2d(x: &Tensor, w: &MappedF32, stride: usize, padding: usize) -> Result<Tensor> {
-    x.contiguous()?.apply_op1_no_bwd(&ConvOp { w, stride, padding })
+    x.contiguous()?.apply_op1_no_bwd(&ConvOp { w: View::Mapped(w), stride, padding })
+}
+
+/// 2-D convolution with a packed kernel, expanded for the call.
+pub fn conv2d_packed(x: &Tensor, w: &super::packed::PackedWeight, stride: usize, padding: usize) -> Result<Tensor> {
+    x.contiguous()?.apply_op1_no_bwd(&ConvOp { w: View::Packed(w), stride, padding })
 }
 
 /// Gathers rows of a mapped [rows, dim] table.
@@ -275,6 +312,7 @@ mod tests {
             file,
             source: "w".into(),
             transform: Transform::Identity,
+            quant: None,
         };
         (MappedF32::from_stored(&st, shape).expect("aligned"), t, dir)
     }

@@ -12,6 +12,7 @@ mod embedding;
 mod linear;
 pub mod mapped;
 mod norm;
+pub mod packed;
 mod param;
 
 pub use activation::Activation;
@@ -20,4 +21,5 @@ pub use conv::{Conv2d, Conv2dConfig};
 pub use embedding::Embedding;
 pub use linear::Linear;
 pub use norm::{GroupNorm, LayerNorm};
+pub use packed::PackedWeight;
 pub use param::Param;

@@ -1,6 +1,7 @@
 use candle_core::{Device, Result, Tensor};
 
 use super::mapped::MappedF32;
+use super::packed::PackedWeight;
 use crate::error::LoadError;
 use crate::loading::Weights;
 
@@ -8,21 +9,34 @@ use crate::loading::Weights;
 #[derive(Debug, Clone)]
 pub enum Param {
     Dense(Tensor),
+    /// f32 in the file, read in place.
     Mapped(MappedF32),
+    /// Compressed (int8, palettized, ternary) or half precision in the file,
+    /// expanded one layer at a time at forward time. Boxed: it is the largest
+    /// variant, and models hold hundreds of these inline.
+    Packed(Box<PackedWeight>),
 }
 
 impl Param {
-    /// Maps the weight in place on the CPU in f32 when the file stores f32 and
-    /// is aligned; otherwise materialises (converting dtype as needed).
+    /// Computing in f32 on the CPU, keeps the weight in the file: f32 (aligned) is
+    /// used in place, compressed and half-precision weights are expanded per layer
+    /// at forward time. Otherwise materialises (decoding and converting as needed).
     pub fn load(w: &Weights, leaf: &str, shape: &[usize]) -> std::result::Result<Self, LoadError> {
         if matches!(w.device(), Device::Cpu) && w.dtype() == candle_core::DType::F32 && !w.is_recording() {
             let stored = w.stored(leaf, shape)?;
             if let Some(m) = MappedF32::from_stored(stored, shape) {
                 return Ok(Param::Mapped(m));
             }
+            if let Some(p) = PackedWeight::from_stored(stored, &w.name(leaf)) {
+                return p.map(|p| Param::Packed(Box::new(p)));
+            }
             tracing::debug!(tensor = %w.name(leaf), "not mappable in place (dtype or alignment); copying");
         }
         w.tensor(leaf, shape).map(Param::Dense)
+    }
+
+    pub fn is_packed(&self) -> bool {
+        matches!(self, Param::Packed(_))
     }
 
     pub fn is_mapped(&self) -> bool {
@@ -34,6 +48,7 @@ impl Param {
         match self {
             Param::Dense(t) => Ok(t.clone()),
             Param::Mapped(m) => m.to_tensor(device),
+            Param::Packed(p) => p.to_tensor(device),
         }
     }
 }
@@ -56,6 +71,7 @@ mod tests {
         // Computing in f16 needs a converted copy.
         let loader16 = store.loader("test", &Device::Cpu, candle_core::DType::F16);
         let w16 = loader16.root().pp("conv_in");
-        assert!(!Param::load(&w16, "weight", &[16, 4, 3, 3]).unwrap().is_mapped());
+        let p16 = Param::load(&w16, "weight", &[16, 4, 3, 3]).unwrap();
+        assert!(!p16.is_mapped() && !p16.is_packed());
     }
 }

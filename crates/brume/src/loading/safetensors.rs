@@ -290,6 +290,28 @@ impl SafetensorsFile {
         self.backing.bytes()
     }
 
+    /// Tells the OS that bytes `start..end` will not be needed soon, so their pages
+    /// leave this process's resident set (they stay in the page cache). Streaming
+    /// over a whole model (conversion) then keeps RSS near one tensor instead of
+    /// growing to the file size. A no-op for embedded bytes and off Unix.
+    pub fn release(&self, start: usize, end: usize) {
+        #[cfg(unix)]
+        if let Backing::Mapped(m) = &self.backing {
+            let end = end.min(m.len());
+            if start < end {
+                // SAFETY: the mapping is read-only and file-backed: dropped pages are
+                // read back from the file on the next access, with the same contents,
+                // so slices borrowed from it stay valid.
+                let r = unsafe { m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start) };
+                if let Err(e) = r {
+                    tracing::debug!(path = %self.path.display(), "madvise(DONTNEED) failed: {e}");
+                }
+            }
+        }
+        #[cfg(not(unix))]
+        let _ = (start, end);
+    }
+
     /// Size of the mapped file in bytes.
     pub fn file_len(&self) -> usize {
         self.backing.bytes().len()

@@ -16,6 +16,9 @@ use candle_core::{DType, Device, Tensor};
 use super::safetensors::{SafetensorsFile, StoredDType, TensorEntry};
 use super::transform::Transform;
 use crate::error::LoadError;
+use crate::quantization::codec::Decoder;
+use crate::quantization::format::{companion_names, validate, PrecisionTable, QuantInfo};
+use crate::quantization::{QuantError, Scheme};
 
 /// Where one module tensor's data lives.
 #[derive(Debug, Clone)]
@@ -25,11 +28,17 @@ pub struct StoredTensor {
     pub source: String,
     pub entry: TensorEntry,
     pub transform: Transform,
+    /// For a compressed tensor (a converted model): its scheme, logical shape and
+    /// companion tensors; `entry` is then the main part (indices or int8 values).
+    pub quant: Option<Arc<QuantInfo>>,
 }
 
 impl StoredTensor {
     /// The shape the module sees (after the transform).
     pub fn shape(&self) -> Vec<usize> {
+        if let Some(q) = &self.quant {
+            return q.shape.clone();
+        }
         self.transform
             .output_shape(&self.entry.shape)
             .unwrap_or_else(|| self.entry.shape.clone())
@@ -51,9 +60,43 @@ impl StoredTensor {
         }
     }
 
-    /// Stored bytes attributed to this tensor (a fused in_proj counts per slice).
+    /// Stored bytes attributed to this tensor (a fused in_proj counts per slice;
+    /// a compressed tensor counts its lookup tables and scales too).
     pub fn nbytes(&self) -> usize {
-        self.bytes().len()
+        let companions: usize = self.quant.iter().flat_map(|q| &q.companions).map(|e| e.end - e.start).sum();
+        self.bytes().len() + companions
+    }
+
+    /// Drops this tensor's pages from the resident set (see [`SafetensorsFile::release`]).
+    pub fn release_pages(&self) {
+        self.file.release(self.entry.start, self.entry.end);
+        for e in self.quant.iter().flat_map(|q| &q.companions) {
+            self.file.release(e.start, e.end);
+        }
+    }
+
+    /// The storage scheme: a compressed scheme, or the plain float dtype.
+    pub fn scheme(&self) -> Option<Scheme> {
+        match &self.quant {
+            Some(q) => Some(q.scheme),
+            None => match self.entry.dtype {
+                StoredDType::F32 => Some(Scheme::F32),
+                StoredDType::F16 => Some(Scheme::F16),
+                StoredDType::BF16 => Some(Scheme::BF16),
+                _ => None,
+            },
+        }
+    }
+
+    /// A decoder over the stored bytes (plain f32/f16/bf16 or compressed), or
+    /// `None` for dtypes that are not weights.
+    pub fn decoder(&self) -> Option<Result<Decoder<'_>, QuantError>> {
+        let scheme = self.scheme()?;
+        let mut parts = vec![self.bytes()];
+        if let Some(q) = &self.quant {
+            parts.extend(q.companions.iter().map(|e| self.file.bytes(e)));
+        }
+        Some(Decoder::new(scheme, &self.shape(), &parts))
     }
 }
 
@@ -73,9 +116,28 @@ impl WeightStore {
         }
     }
 
-    /// Every tensor of `file` under its own name.
+    /// Every tensor of `file` under its own name. A converted file's compressed
+    /// tensors are validated against their schemes and their companion tensors
+    /// (lookup tables, scales) folded into them.
     pub fn add_file(&mut self, file: &Arc<SafetensorsFile>) -> Result<(), LoadError> {
+        let qerr = |tensor: &str, source: QuantError| LoadError::Quantized {
+            path: file.path().to_path_buf(),
+            tensor: tensor.to_string(),
+            source: Box::new(source),
+        };
+        let table = PrecisionTable::of(file).map_err(|e| qerr(crate::quantization::format::PRECISION_KEY, e))?;
+        let companions = table.as_ref().map(companion_names).unwrap_or_default();
         for (name, entry) in file.entries() {
+            if companions.contains(name) {
+                continue;
+            }
+            let (entry, quant) = match table.as_ref().and_then(|t| t.tensors.get(name)) {
+                Some(ts) => {
+                    let (e, q) = validate(file, name, ts).map_err(|e| qerr(name, e))?;
+                    (e, q.map(Arc::new))
+                }
+                None => (entry.clone(), None),
+            };
             if self.tensors.contains_key(name) {
                 return Err(LoadError::BadTensor {
                     path: file.path().to_path_buf(),
@@ -88,10 +150,16 @@ impl WeightStore {
                 StoredTensor {
                     file: file.clone(),
                     source: name.clone(),
-                    entry: entry.clone(),
+                    entry,
                     transform: Transform::Identity,
+                    quant,
                 },
             );
+        }
+        if let Some(t) = &table {
+            if let Some(name) = t.tensors.keys().find(|n| file.entry(n).is_none()) {
+                return Err(qerr(name, QuantError::MissingData));
+            }
         }
         Ok(())
     }
@@ -123,6 +191,7 @@ impl WeightStore {
                 source: source.to_string(),
                 entry: entry.clone(),
                 transform,
+                quant: None,
             },
         );
         Ok(())
@@ -340,7 +409,7 @@ impl<'a> Weights<'a> {
                 module: self.loader.module.clone(),
             });
         }
-        if !t.dtype().is_float() {
+        if t.quant.is_none() && !t.dtype().is_float() {
             return Err(LoadError::DTypeMismatch {
                 path: t.file.path().to_path_buf(),
                 tensor: describe_source(&name, t),
@@ -391,6 +460,14 @@ fn describe_source(name: &str, t: &StoredTensor) -> String {
 
 /// Decodes stored little-endian bytes into a tensor of `dtype`.
 pub fn materialize(t: &StoredTensor, shape: &[usize], device: &Device, dtype: DType) -> candle_core::Result<Tensor> {
+    if t.quant.is_some() {
+        let values = match t.decoder() {
+            Some(Ok(d)) => d.decode_all().map_err(|e| candle_core::Error::Msg(e.to_string()))?,
+            Some(Err(e)) => candle_core::bail!("{e}"),
+            None => candle_core::bail!("dtype {} is not a weight type", t.dtype()),
+        };
+        return Tensor::from_vec(values, shape, device)?.to_dtype(dtype);
+    }
     let bytes = t.bytes();
     let tensor = match t.dtype() {
         StoredDType::F32 => {

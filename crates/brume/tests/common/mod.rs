@@ -30,6 +30,7 @@ impl Io {
             source: name.into(),
             entry,
             transform: Transform::Identity,
+            quant: None,
         };
         materialize(&t, &shape, &Device::Cpu, DType::F32).unwrap()
     }
