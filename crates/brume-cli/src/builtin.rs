@@ -11,7 +11,7 @@ macro_rules! embed {
 
 /// Every file of `models/builtin/` the engine reads (the tokenizer is the
 /// engine's embedded CLIP vocabulary).
-pub const FILES: &[EmbeddedFile] = embed!(
+pub static FILES: &[EmbeddedFile] = embed!(
     "model_index.json",
     "scheduler/scheduler_config.json",
     "text_encoder/config.json",
