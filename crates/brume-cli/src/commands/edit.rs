@@ -65,6 +65,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if mask_path.is_some() && extend.is_some() {
         bail!("give either --mask (inpaint) or --extend (outpaint), not both");
     }
+    let budget = g.memory.budget()?;
+    tracing::info!(%budget, "memory budget");
     let model = g.model.open()?;
     let factor = model.vae_config.scale_factor() as u32;
     let image = load_image(&image_path, factor)?;

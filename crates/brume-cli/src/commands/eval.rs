@@ -10,7 +10,7 @@ use brume::pipelines::image_io::{save_png, to_rgb8};
 use brume::pipelines::{txt2img, Flow, GenerationRequest, RunOptions};
 use brume::samplers::{noise_source, RngKind, SamplerKind};
 
-use super::ModelArgs;
+use super::{MemoryArgs, ModelArgs};
 
 #[derive(clap::Subcommand, Debug)]
 pub enum Eval {
@@ -24,6 +24,8 @@ pub enum Eval {
 pub struct ShowcaseArgs {
     #[command(flatten)]
     model: ModelArgs,
+    #[command(flatten)]
+    memory: MemoryArgs,
     #[arg(long, default_value = "a large red circle on the left on a blue background")]
     prompt: String,
     /// Prompt for the edits (img2img, inpaint, outpaint) of the txt2img picture.
@@ -43,6 +45,8 @@ pub struct ShowcaseArgs {
 pub struct AdherenceArgs {
     #[command(flatten)]
     model: ModelArgs,
+    #[command(flatten)]
+    memory: MemoryArgs,
     /// Number of held-out prompts (fixed list, fixed seeds).
     #[arg(long, default_value_t = 200)]
     count: usize,
@@ -81,6 +85,8 @@ fn sheet(rows: &[Vec<image::RgbImage>], tile: u32) -> image::RgbImage {
 }
 
 fn showcase(a: ShowcaseArgs) -> anyhow::Result<()> {
+    let budget = a.memory.budget()?;
+    tracing::info!(%budget, "memory budget");
     let model = a.model.open()?;
     let size = model.default_size();
     let opts = RunOptions::default();
@@ -159,6 +165,8 @@ fn adherence(a: AdherenceArgs) -> anyhow::Result<()> {
     if a.count == 0 || a.columns == 0 {
         bail!("--count and --columns must be positive");
     }
+    let budget = a.memory.budget()?;
+    tracing::info!(%budget, "memory budget");
     let model = a.model.open()?;
     let size = model.default_size();
     let prompts = brume_world::scene::held_out_prompts(a.count);

@@ -30,6 +30,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             g.model.model = Some(r.model_path.clone());
         }
     }
+    let budget = g.memory.budget()?;
+    tracing::info!(%budget, "memory budget");
     let model = g.model.open()?;
     let req = match &from {
         Some(r) => {
