@@ -8,6 +8,7 @@ use super::model::SdModel;
 use crate::loading::Segment;
 use super::request::{Flow, Progress, ProgressFn};
 use crate::error::{Result, RunError};
+use crate::layers::AttentionMode;
 use crate::models::attention::CrossContext;
 use crate::models::UNet2DConditionModel;
 use crate::samplers::{NoiseSource, Sampler};
@@ -21,6 +22,8 @@ pub struct RunOptions {
     /// Reuse cross-attention keys/values across steps (the conditioning cache).
     /// Off only to measure what it saves: results are identical either way.
     pub reuse_kv: bool,
+    /// How attention forms its scores (chunked under a tight memory budget).
+    pub attention: AttentionMode,
 }
 
 impl Default for RunOptions {
@@ -29,6 +32,7 @@ impl Default for RunOptions {
             device: crate::runtime::default_device(),
             dtype: DType::F32,
             reuse_kv: true,
+            attention: AttentionMode::Full,
         }
     }
 }
@@ -77,6 +81,7 @@ pub fn denoise(
     let ctx = CrossContext {
         hidden: &cond.context,
         cache: opts.reuse_kv.then_some(&cond.kv),
+        attention: opts.attention,
     };
     let timesteps = sampler.timesteps().to_vec();
     let total = timesteps.len();
