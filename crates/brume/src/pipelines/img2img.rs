@@ -74,7 +74,9 @@ pub fn img2img(
     if model.unet_config.in_channels != model.vae_config.latent_channels() {
         return Err(RunError::Invalid("an inpainting UNet needs a mask: use inpainting".into()));
     }
+    opts.check(crate::memory::Checkpoint::BeforeSegment(crate::loading::Segment::TextEncoder))?;
     let cond = conditioning(model, &req, &opts.device, opts.dtype, cache, progress)?;
+    opts.done_with(model, crate::loading::Segment::TextEncoder);
     let mut sampler = req.build_sampler(model)?;
     let start = start_index(req.steps, strength, sampler.order())?;
     let init_latents = {
@@ -87,6 +89,7 @@ pub fn img2img(
         let unet = load_unet(model, opts, progress)?;
         denoise(&unet, &cond, req.guidance_scale, sampler.as_mut(), latents, start, None, noise, opts, progress)?
     };
+    opts.done_with(model, crate::loading::Segment::Unet);
     let image = decode(model, &latents, opts, progress)?;
     Ok(Generated { image, latents })
 }

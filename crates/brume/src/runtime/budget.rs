@@ -154,6 +154,22 @@ impl Budget {
         &self.source
     }
 
+    /// The budget now: a tier or explicit size does not change; the OS's figure
+    /// is read again, plus the private memory this process already holds (which
+    /// the OS no longer counts as available, but the run may reuse).
+    pub fn refreshed(&self) -> Self {
+        match &self.source {
+            BudgetSource::Available(_) => match available() {
+                Some(a) => {
+                    let own = crate::runtime::memory::read().private_dirty.unwrap_or(0);
+                    Self { bytes: a.bytes + own, source: BudgetSource::Available(a) }
+                }
+                None => self.clone(),
+            },
+            _ => self.clone(),
+        }
+    }
+
     /// Whether a limit is known at all.
     pub fn is_limited(&self) -> bool {
         self.source != BudgetSource::Unknown
