@@ -15,6 +15,9 @@ use super::{MemoryArgs, ModelArgs};
 pub enum Bench {
     /// What the conditioning cache (cross-attention K/V reuse) saves.
     KvCache(KvArgs),
+    /// Estimated vs measured peak memory over tiers x sizes x memory plans, each
+    /// row in a child process under an enforced limit equal to its budget.
+    Memory(super::bench_memory::MemArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -40,6 +43,7 @@ pub struct KvArgs {
 pub fn run(b: Bench) -> anyhow::Result<()> {
     match b {
         Bench::KvCache(a) => kv_cache(a),
+        Bench::Memory(a) => super::bench_memory::run(a),
     }
 }
 

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 use brume::pipelines::image_io::{save_png, to_rgb8};
-use brume::pipelines::{txt2img, Flow, GenerationRequest, RunOptions};
+use brume::pipelines::{txt2img, Flow, GenerationRequest};
 use brume::samplers::{noise_source, RngKind, SamplerKind};
 
 use super::{MemoryArgs, ModelArgs};
@@ -85,17 +85,16 @@ fn sheet(rows: &[Vec<image::RgbImage>], tile: u32) -> image::RgbImage {
 }
 
 fn showcase(a: ShowcaseArgs) -> anyhow::Result<()> {
-    let budget = a.memory.budget()?;
-    tracing::info!(%budget, "memory budget");
     let model = a.model.open()?;
     let size = model.default_size();
-    let opts = RunOptions::default();
     let base = GenerationRequest {
         steps: a.steps,
         guidance_scale: a.guidance,
         seed: a.seed,
         ..GenerationRequest::new(a.prompt.clone(), size)
     };
+    // Every picture of the sheet has the native size; the edits need the VAE encoder too.
+    let opts = a.memory.plan(&model, &base, true)?.opts;
     let mut listing = String::new();
     let mut samplers_row = Vec::new();
     for &kind in SamplerKind::ALL {
@@ -165,13 +164,13 @@ fn adherence(a: AdherenceArgs) -> anyhow::Result<()> {
     if a.count == 0 || a.columns == 0 {
         bail!("--count and --columns must be positive");
     }
-    let budget = a.memory.budget()?;
-    tracing::info!(%budget, "memory budget");
     let model = a.model.open()?;
     let size = model.default_size();
     let prompts = brume_world::scene::held_out_prompts(a.count);
     let sampler = a.sampler.as_deref().map(SamplerKind::parse).transpose()?;
-    let opts = RunOptions::default();
+    let probe = GenerationRequest { steps: a.steps, guidance_scale: a.guidance, ..GenerationRequest::new("", size) };
+    // The judge needs the native size: no resolution fallback (planned as an edit would be).
+    let opts = a.memory.plan(&model, &probe, true)?.opts;
     let mut tally: BTreeMap<&'static str, (usize, usize)> = BTreeMap::new();
     let mut all_correct = 0usize;
     let mut tiles = Vec::with_capacity(prompts.len());

@@ -1,10 +1,12 @@
 pub mod bench;
+pub mod bench_memory;
 pub mod doctor;
 pub mod edit;
 pub mod eval;
 pub mod generate;
 pub mod info;
 pub mod inspect;
+pub mod memory;
 pub mod random_model;
 pub mod run;
 
@@ -12,6 +14,8 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use brume::pipelines::{OpenOptions, SdModel};
+
+pub use memory::MemoryArgs;
 
 /// Model selection shared by every command that runs a model.
 #[derive(clap::Args, Debug, Clone)]
@@ -47,21 +51,3 @@ impl ModelArgs {
     }
 }
 
-/// The memory budget, shared by every command that runs a model.
-#[derive(clap::Args, Debug, Clone, Default)]
-pub struct MemoryArgs {
-    /// Plan for a device class's safe model budget: a16, a17-pro, m2, m4,
-    /// iphone-8gb, desktop-8gb, desktop-16gb, desktop-32gb (see `brume doctor`).
-    #[arg(long, value_name = "NAME", conflicts_with = "memory_budget")]
-    pub device_tier: Option<String>,
-    /// Plan for this much private memory, e.g. 1.2GB, 700MB, 2GiB
-    /// (default: what the OS says is available now).
-    #[arg(long, value_name = "SIZE")]
-    pub memory_budget: Option<String>,
-}
-
-impl MemoryArgs {
-    pub fn budget(&self) -> anyhow::Result<brume::runtime::budget::Budget> {
-        Ok(brume::runtime::budget::Budget::resolve(self.device_tier.as_deref(), self.memory_budget.as_deref())?)
-    }
-}
