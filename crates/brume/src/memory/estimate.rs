@@ -143,6 +143,8 @@ pub struct RequestShape {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Estimate {
     pub text: Footprint,
+    /// The VAE encoder phase (edits only; zero otherwise).
+    pub encode: Footprint,
     pub unet: Footprint,
     pub decode: Footprint,
     pub peak: Footprint,
@@ -181,6 +183,13 @@ pub fn estimate(model: &ModelProfile, req: &RequestShape, strategy: &Strategy) -
         (VaeConfig::Tiny(_), _) => 8 * image,
     };
 
+    // The encoder's walk is bounded by the decoder's: at every resolution the SD
+    // VAEs' decoder has at least the encoder's channels.
+    let enc_act = match &model.vae {
+        VaeConfig::Kl(c) if req.encodes_image => sim::vae_decoder(c, 1, lh, lw, s) + image,
+        VaeConfig::Tiny(_) if req.encodes_image => 8 * image,
+        _ => 0,
+    };
     let (text, unet, decode) = match strategy.residency {
         Residency::AllResident => {
             let all = text_w.add(unet_w).add(dec_w).add(enc_w);
@@ -196,7 +205,16 @@ pub fn estimate(model: &ModelProfile, req: &RequestShape, strategy: &Strategy) -
             base.add(dec_w).add(Footprint::private(latents + dec_act + image)),
         ),
     };
-    Estimate { text, unet, decode, peak: text.max(unet).max(decode) }
+    let encode = if req.encodes_image {
+        let weights = match strategy.residency {
+            Residency::AllResident => text_w.add(unet_w).add(dec_w).add(enc_w),
+            Residency::Sequential => enc_w,
+        };
+        base.add(weights).add(Footprint::private(cond + enc_act))
+    } else {
+        Footprint::default()
+    };
+    Estimate { text, encode, unet, decode, peak: text.max(encode).max(unet).max(decode) }
 }
 
 /// Sum over cross-attention layers of their K and V widths: what one token of

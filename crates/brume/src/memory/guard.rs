@@ -71,7 +71,7 @@ impl Guard {
         let e: Estimate = estimate(&self.model, &self.shape, s);
         match at {
             Checkpoint::BeforeSegment(Segment::TextEncoder) => e.peak.private_dirty,
-            Checkpoint::BeforeSegment(Segment::VaeEncoder) => e.peak.private_dirty,
+            Checkpoint::BeforeSegment(Segment::VaeEncoder) => e.encode.private_dirty.max(e.unet.private_dirty).max(e.decode.private_dirty),
             Checkpoint::BeforeSegment(Segment::Unet) | Checkpoint::BeforeStep(_) => {
                 e.unet.private_dirty.max(e.decode.private_dirty)
             }

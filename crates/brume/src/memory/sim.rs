@@ -4,8 +4,6 @@
 //! temporaries live to the end of their statement; `h = f(&h)` frees the old `h`
 //! after `f` returns), not a generic framework's.
 
-use std::num::NonZeroUsize;
-
 use crate::layers::AttentionMode;
 use crate::models::{AutoencoderKLConfig, ClipTextConfig, UNetConfig};
 use crate::models::unet_2d_condition::{DownBlockType, MidBlockType, UpBlockType};
@@ -293,10 +291,4 @@ pub fn text_encoder(cfg: &ClipTextConfig, b: usize, tokens: usize, s: usize) -> 
     let attn = 9 * t + 2 * scores + 4 * n * n;
     let mlp = 3 * t + 2 * b * n * f * s as u64;
     attn.max(mlp)
-}
-
-/// A query chunk that keeps the UNet's largest score buffer near `bytes`.
-pub fn chunk_for(bytes: u64, b: usize, heads: usize, keys: usize) -> NonZeroUsize {
-    let per_query = 4 * (b * heads * keys).max(1) as u64;
-    NonZeroUsize::new(((bytes / per_query) as usize).max(1)).unwrap_or(NonZeroUsize::MIN)
 }

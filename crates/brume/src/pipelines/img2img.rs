@@ -29,6 +29,7 @@ pub fn start_index(steps: usize, strength: f64, order: usize) -> Result<usize> {
 
 /// Loads the VAE encoder segment (it is dropped by the caller when done).
 pub fn load_encoder(model: &SdModel, opts: &RunOptions, progress: ProgressFn) -> Result<AnyVaeEncoder> {
+    opts.check(crate::memory::Checkpoint::BeforeSegment(Segment::VaeEncoder))?;
     let enc = model.vae_encoder(&opts.device, opts.dtype)?;
     if progress(&Progress::Loaded(Segment::VaeEncoder)) == Flow::Cancel {
         return Err(RunError::Cancelled);
@@ -83,6 +84,7 @@ pub fn img2img(
         let enc = load_encoder(model, opts, progress)?;
         encode_image(model, &enc, image, req.batch, opts, noise)?
     };
+    opts.done_with(model, Segment::VaeEncoder);
     let n = noise.randn(init_latents.dims(), &opts.device)?;
     let latents = sampler.add_noise(&init_latents, &n, start)?;
     let latents = {

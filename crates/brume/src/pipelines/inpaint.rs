@@ -84,6 +84,7 @@ pub fn inpaint(
         let masked_latents = encode_image(model, &enc, &masked_image, req.batch, opts, noise)?;
         (image_latents, n, masked_latents)
     };
+    opts.done_with(model, crate::loading::Segment::VaeEncoder);
     let latents = match (&image_latents, full_strength) {
         (Some(il), false) => sampler.add_noise(il, &n, start)?,
         _ => (&n * sampler.init_noise_sigma())?,
