@@ -128,9 +128,16 @@ impl PlannedRun {
         }
     }
 
-    /// What the recipe records: the plan, and any fallback taken during the run.
+    /// What the recipe records: the plan and its fallbacks, and any fallback
+    /// taken during the run. No budget or estimate figures: they vary from run
+    /// to run and the recipe must not (re-creating a picture gives the same PNG).
     pub fn recipe_line(&self) -> String {
-        let mut s = self.plan.summary();
+        let fb = self.plan.fallbacks();
+        let mut s = if fb.is_empty() {
+            format!("{}: no fallback", self.plan.strategy.label())
+        } else {
+            format!("{}: {}", self.plan.strategy.label(), fb.join(", "))
+        };
         if let Some(g) = &self.opts.guard {
             for n in g.notes() {
                 s.push_str("; ");

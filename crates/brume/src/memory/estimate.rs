@@ -176,8 +176,8 @@ pub fn estimate(model: &ModelProfile, req: &RequestShape, strategy: &Strategy) -
         (VaeConfig::Kl(c), VaeDecode::Full) => sim::vae_decoder(c, req.batch, lh, lw, s),
         (VaeConfig::Kl(c), VaeDecode::Tiled(t)) => {
             let (th, tw) = (t.tile().min(lh), t.tile().min(lw));
-            // One tile at a time, into an output canvas and its blend weights.
-            sim::vae_decoder(c, 1, th, tw, s) + image + (req.height * req.width * 4) as u64
+            // One tile (of the whole batch) at a time, into an output canvas and its blend weights.
+            sim::vae_decoder(c, req.batch, th, tw, s) + image + (req.height * req.width * 4) as u64
         }
         // The tiny VAE's activations are a small multiple of the image.
         (VaeConfig::Tiny(_), _) => 8 * image,
