@@ -84,6 +84,14 @@ impl MemoryArgs {
             plan.strategy.residency = Residency::Sequential;
         }
         eprintln!("{}", plan.summary());
+        let e = &plan.estimate;
+        tracing::info!(
+            "estimated private peaks: text {}, encode {}, unet {}, decode {}",
+            brume::runtime::memory::mib(e.text.private_dirty),
+            brume::runtime::memory::mib(e.encode.private_dirty),
+            brume::runtime::memory::mib(e.unet.private_dirty),
+            brume::runtime::memory::mib(e.decode.private_dirty)
+        );
         let (run_profile, variant) = match &plan.variant {
             Some((i, _)) => (profiles[*i].clone(), Some(variant_models.swap_remove(*i))),
             None => (profile, None),

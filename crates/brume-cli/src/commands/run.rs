@@ -154,7 +154,12 @@ pub fn progress_reporter(
     move |p: &Progress| {
         match p {
             Progress::Loaded(seg) => {
-                tracing::info!("loaded {seg}");
+                let m = brume::runtime::memory::read();
+                tracing::info!(
+                    "loaded {seg}; private dirty {}, RSS {}",
+                    m.private_dirty.map(brume::runtime::memory::mib).unwrap_or_default(),
+                    m.rss.map(brume::runtime::memory::mib).unwrap_or_default()
+                );
                 last = Instant::now();
             }
             Progress::Step { index, total, latents } => {

@@ -202,7 +202,8 @@ pub fn estimate(model: &ModelProfile, req: &RequestShape, strategy: &Strategy) -
         Residency::Sequential => (
             base.add(text_w).add(Footprint::private(text_act)),
             base.add(unet_w).add(Footprint::private(cond + latents + unet_act)),
-            base.add(dec_w).add(Footprint::private(latents + dec_act + image)),
+            // The conditioning (with its K/V cache) lives until the pipeline returns.
+            base.add(dec_w).add(Footprint::private(cond + latents + dec_act + image)),
         ),
     };
     let encode = if req.encodes_image {

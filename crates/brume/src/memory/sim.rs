@@ -70,11 +70,18 @@ impl Map {
     }
 }
 
+/// Transient bytes of `GroupNorm` over `x` bytes: the centred input lives to the
+/// end of the call, and the normalised map, its scaled copy and the shifted
+/// result overlap it (`layers/norm.rs`), so four buffers of the input's size.
+fn group_norm(x: u64) -> u64 {
+    4 * x
+}
+
 /// `ResnetBlock2D`: input live on entry; on return the output is live too.
 fn resnet(sim: &mut Sim, m: Map, cin: usize, cout: usize, temb: bool) {
     let (i, o) = (m.ch(cin), m.ch(cout));
-    // norm1 internals (centered, squared), then norm + silu + conv1 and its patches.
-    sim.spike(2 * i);
+    // norm1 internals, then norm + silu + conv1 and its patches.
+    sim.spike(group_norm(i));
     sim.spike(2 * i + o + cols(cin as u64, 3, m.h, m.w));
     sim.alloc(o); // h1
     let mut held = o;
@@ -82,7 +89,7 @@ fn resnet(sim: &mut Sim, m: Map, cin: usize, cout: usize, temb: bool) {
         sim.alloc(o); // h1 + temb (the shadowed h1 stays alive)
         held += o;
     }
-    sim.spike(2 * o);
+    sim.spike(group_norm(o));
     sim.spike(3 * o + cols(cout as u64, 3, m.h, m.w));
     sim.alloc(o); // h2
     held += o;
@@ -119,7 +126,7 @@ fn attention(sim: &mut Sim, b: u64, heads: u64, nq: u64, nk: u64, cq: u64, ckv: 
 fn transformer(sim: &mut Sim, m: Map, c: usize, heads: usize, depth: usize, ctx_tokens: u64, only_cross: bool, mode: AttentionMode) {
     let t = m.ch(c);
     let ctx = m.b * ctx_tokens * m.s * c as u64;
-    sim.spike(2 * t);
+    sim.spike(group_norm(t));
     sim.alloc(t); // normed
     sim.spike(2 * t); // projection out + token copy
     sim.alloc(t); // tokens
@@ -230,7 +237,7 @@ pub fn unet(cfg: &UNetConfig, b: usize, h: usize, w: usize, s: usize, ctx_tokens
             m = up;
         }
     }
-    sim.spike(4 * m.ch(ch[0]) + cols(ch[0] as u64, 3, m.h, m.w) + m.ch(cfg.out_channels));
+    sim.spike(group_norm(m.ch(ch[0])).max(2 * m.ch(ch[0]) + cols(ch[0] as u64, 3, m.h, m.w) + m.ch(cfg.out_channels)));
     sim.peak()
 }
 
@@ -248,7 +255,7 @@ pub fn vae_decoder(cfg: &AutoencoderKLConfig, b: usize, h: usize, w: usize, s: u
     if cfg.mid_block_add_attention {
         let t = m.ch(top);
         // norm (internals), token view; q/k/v (each from a contiguous copy), attention.
-        sim.spike(3 * t);
+        sim.spike(group_norm(t));
         sim.alloc(t);
         sim.spike(2 * t);
         sim.alloc(3 * t);
@@ -278,7 +285,7 @@ pub fn vae_decoder(cfg: &AutoencoderKLConfig, b: usize, h: usize, w: usize, s: u
             m = up;
         }
     }
-    sim.spike(3 * m.ch(ch[0]) + cols(ch[0] as u64, 3, m.h, m.w) + m.ch(cfg.out_channels));
+    sim.spike(group_norm(m.ch(ch[0])).max(2 * m.ch(ch[0]) + cols(ch[0] as u64, 3, m.h, m.w) + m.ch(cfg.out_channels)));
     sim.peak()
 }
 
