@@ -117,9 +117,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let mut progress = progress_reporter(g.preview.clone(), g.preview_every, cancel_flag());
     let start = Instant::now();
     let out = match &mask {
-        None => finish(img2img(&model, &req, &work_image, strength, &opts, noise.as_mut(), None, &mut progress))?,
+        None => finish(img2img(model, &req, &work_image, strength, &opts, noise.as_mut(), None, &mut progress))?,
         Some(m) => finish(inpaint(
-            &model,
+            model,
             &req,
             &work_image,
             m,

@@ -103,6 +103,7 @@ fn resnet(sim: &mut Sim, m: Map, cin: usize, cout: usize, temb: bool) {
 
 /// Scaled dot-product attention over `heads` heads, `nq` queries and `nk` keys,
 /// q/k/v of `c` channels (bytes `cq`, `ckv` for the query and key/value maps).
+#[allow(clippy::too_many_arguments)]
 fn attention(sim: &mut Sim, b: u64, heads: u64, nq: u64, nk: u64, cq: u64, ckv: u64, mode: AttentionMode) {
     // Contiguous per-head copies of q, k, v; the scores, then scaled scores /
     // softmax (two score buffers at once); the output.
