@@ -205,3 +205,50 @@ fn convert_writes_a_model_that_generates_and_bench_precision_compares_tiers() {
         assert!(table.contains(s), "missing {s} in\n{table}");
     }
 }
+
+#[test]
+fn memory_budgets_are_resolved_planned_and_refused_before_loading() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("m.png");
+    let doctor = brume().args(["doctor", "--device-tier", "a17-pro"]).output().unwrap();
+    let text = String::from_utf8_lossy(&doctor.stdout);
+    assert!(text.lines().any(|l| l.starts_with("budget") && l.contains("a17-pro")), "{text}");
+    let bad = brume().args(["generate", "x", "--device-tier", "a15", "--out"]).arg(&out).output().unwrap();
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(!bad.status.success() && err.contains("a15") && err.contains("a17-pro"), "{err}");
+    let both = brume().args(["generate", "x", "--device-tier", "a16", "--memory-budget", "1GB", "--out"]).arg(&out).output().unwrap();
+    assert!(!both.status.success());
+    // Far too small: refused with the budget and the smallest need, nothing written.
+    let tiny = brume().args(["generate", "x", "--memory-budget", "5MB", "--out"]).arg(&out).output().unwrap();
+    let err = String::from_utf8_lossy(&tiny.stderr);
+    assert!(!tiny.status.success() && err.contains("out of memory budget") && err.contains("--memory-budget 5MB") && err.contains("needs"), "{err}");
+    assert!(!out.exists());
+    // A roomy tier: the plain path, said on stderr and kept in the recipe.
+    let ok = brume().args(["generate", "x", "--steps", "1", "--device-tier", "a17-pro", "--out"]).arg(&out).output().unwrap();
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    assert!(String::from_utf8_lossy(&ok.stderr).contains("memory plan resident: no fallback needed"));
+    let info = brume().arg("info").arg(&out).arg("--json").output().unwrap();
+    assert!(String::from_utf8_lossy(&info.stdout).contains("memory_plan"), "{}", String::from_utf8_lossy(&info.stdout));
+}
+
+#[test]
+fn resolution_fallback_is_reported_or_upscaled_as_chosen() {
+    let tmp = tempfile::tempdir().unwrap();
+    // At 512 px the built-in model needs ~0.5 GB plain; 24 MB only fits at a lower resolution.
+    let args = ["generate", "x", "--steps", "1", "--width", "512", "--height", "512", "--memory-budget", "24MB"];
+    let small = tmp.path().join("small.png");
+    let run = brume().args(args).args(["--resolution-fallback", "report", "--out"]).arg(&small).output().unwrap();
+    let err = String::from_utf8_lossy(&run.stderr).into_owned();
+    assert!(run.status.success(), "{err}");
+    let line = err.lines().find(|l| l.contains("lower resolution")).unwrap_or_else(|| panic!("no fallback line in {err}"));
+    let img = image::open(&small).unwrap();
+    assert!(img.width() < 512 && img.width() == img.height(), "{}x{}", img.width(), img.height());
+    assert!(line.contains(&format!("{0}x{0}, written at that size", img.width())), "{line}");
+    let big = tmp.path().join("big.png");
+    let run = brume().args(args).args(["--resolution-fallback", "upscale", "--out"]).arg(&big).output().unwrap();
+    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    let img = image::open(&big).unwrap();
+    assert_eq!((img.width(), img.height()), (512, 512));
+    let off = brume().args(args).args(["--resolution-fallback", "off", "--out"]).arg(tmp.path().join("off.png")).output().unwrap();
+    assert!(!off.status.success() && String::from_utf8_lossy(&off.stderr).contains("out of memory budget"));
+}

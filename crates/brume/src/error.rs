@@ -108,6 +108,17 @@ pub enum RunError {
     Invalid(String),
     #[error("cancelled")]
     Cancelled,
+    /// The request cannot run within the memory budget, found before the
+    /// allocation that would have got the process killed.
+    #[error("out of memory budget {when}: the budget is {budget} but the smallest plan ({plan}) needs {need} of private memory")]
+    OverBudget {
+        /// What was about to run (e.g. "before planning", "before unet", "before step 7").
+        when: String,
+        /// The budget, as resolved (with where it came from).
+        budget: String,
+        need: String,
+        plan: String,
+    },
     #[error("tensor error: {0}")]
     Candle(#[from] candle_core::Error),
     #[error("{path}: cannot write: {source}")]

@@ -8,6 +8,7 @@
 pub mod error;
 pub mod layers;
 pub mod loading;
+pub mod memory;
 pub mod models;
 pub mod pipelines;
 pub mod quantization;

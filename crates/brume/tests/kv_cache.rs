@@ -25,8 +25,8 @@ fn cached_cross_attention_equals_uncached_and_is_reused() {
         let plain = unet.forward(&sample, &ts, &ctx, None).unwrap();
         let cache = KvCache::new();
         let cached = CrossContext {
-            hidden: &ctx,
             cache: Some(&cache),
+            ..CrossContext::uncached(&ctx)
         };
         let first = unet.forward_with(&sample, &ts, &cached, None).unwrap();
         let (computed, reused) = cache.stats();

@@ -9,7 +9,7 @@ use brume::pipelines::conditioning::{conditioning, ConditioningCache};
 use brume::pipelines::{Flow, GenerationRequest};
 use candle_core::{DType, Tensor};
 
-use super::ModelArgs;
+use super::{MemoryArgs, ModelArgs};
 
 #[derive(clap::Subcommand, Debug)]
 pub enum Bench {
@@ -21,12 +21,17 @@ pub enum Bench {
     /// One tier's generation in its own process (used by `bench precision`).
     #[command(hide = true)]
     PrecisionRun(super::bench_precision::RunArgs),
+    /// Estimated vs measured peak memory over tiers x sizes x memory plans, each
+    /// row in a child process under an enforced limit equal to its budget.
+    Memory(super::bench_memory::MemArgs),
 }
 
 #[derive(clap::Args, Debug)]
 pub struct KvArgs {
     #[command(flatten)]
     model: ModelArgs,
+    #[command(flatten)]
+    memory: MemoryArgs,
     /// Image size in pixels (square).
     #[arg(long, default_value_t = 512)]
     size: usize,
@@ -46,6 +51,7 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
         Bench::KvCache(a) => kv_cache(a),
         Bench::Precision(a) => super::bench_precision::precision(a),
         Bench::PrecisionRun(a) => super::bench_precision::run_child(a),
+        Bench::Memory(a) => super::bench_memory::run(a),
     }
 }
 
@@ -58,6 +64,8 @@ fn kv_cache(a: KvArgs) -> anyhow::Result<()> {
     if a.steps == 0 {
         bail!("--steps must be at least 1");
     }
+    let budget = a.memory.budget()?;
+    tracing::info!(%budget, "memory budget");
     let model = a.model.open()?;
     let dev = brume::runtime::default_device();
     let req = GenerationRequest {
@@ -82,7 +90,7 @@ fn kv_cache(a: KvArgs) -> anyhow::Result<()> {
     let mut rng = brume::samplers::Rng::new(0);
     let sample = rng.randn(&[branches, model.unet_config.in_channels, a.size / f, a.size / f], &dev)?;
     let kv = KvCache::new();
-    let cached_ctx = CrossContext { hidden: &cond.context, cache: Some(&kv) };
+    let cached_ctx = CrossContext { cache: Some(&kv), ..CrossContext::uncached(&cond.context) };
     let plain_ctx = CrossContext::uncached(&cond.context);
     // Fill the cache (the first step of a generation pays for the projections).
     let fill = Instant::now();

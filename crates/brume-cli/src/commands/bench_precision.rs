@@ -235,7 +235,7 @@ pub fn precision(a: PrecisionArgs) -> anyhow::Result<()> {
             eprintln!("judging {} held-out prompts with {tier} ...", a.adherence);
             let kind = brume::samplers::SamplerKind::from_config(&model.schedule)?;
             let steps = a.adherence_steps.unwrap_or(super::eval::default_steps(kind));
-            let (scores, _) = super::eval::judge_held_out(&model, a.adherence, steps, 5.0, kind)?;
+            let (scores, _) = super::eval::judge_held_out(&model, a.adherence, steps, 5.0, kind, &brume::pipelines::RunOptions::default())?;
             eprintln!();
             Some(scores)
         } else {

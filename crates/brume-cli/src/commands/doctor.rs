@@ -2,7 +2,10 @@ use brume::runtime::budget::{available, TIERS};
 use brume::runtime::memory::{self, mib};
 
 #[derive(clap::Args, Debug)]
-pub struct Args {}
+pub struct Args {
+    #[command(flatten)]
+    memory: super::MemoryArgs,
+}
 
 /// CPU features that decide which kernels can run fast here.
 fn cpu_features() -> Vec<&'static str> {
@@ -41,7 +44,7 @@ fn cpu_features() -> Vec<&'static str> {
     f
 }
 
-pub fn run(_: Args) -> anyhow::Result<()> {
+pub fn run(a: Args) -> anyhow::Result<()> {
     println!("brume {}", env!("CARGO_PKG_VERSION"));
     println!("os           {} / {}", std::env::consts::OS, std::env::consts::ARCH);
     println!(
@@ -65,6 +68,7 @@ pub fn run(_: Args) -> anyhow::Result<()> {
         }
         None => println!("available    unknown on this platform (use --memory-budget or --device-tier)"),
     }
+    println!("budget       {}", a.memory.budget()?);
     println!("\ndevice tiers (working set / safe model budget):");
     for t in TIERS {
         println!("  {:<14} {:>10} / {:>10}  {}", t.name, mib(t.working_set), mib(t.safe_budget), t.description);

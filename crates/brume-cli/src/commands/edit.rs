@@ -4,7 +4,7 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use brume::pipelines::image_io::{load_image, load_mask};
 use brume::pipelines::recipe::{InputFile, Mode, Recipe};
-use brume::pipelines::{img2img, inpaint, outpaint_canvas, PasteBack, RunOptions};
+use brume::pipelines::{img2img, inpaint, outpaint_canvas, PasteBack};
 use brume::samplers::noise_source;
 
 use super::run::{cancel_flag, finish, progress_reporter, save_batch, GenArgs};
@@ -68,6 +68,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if mask_path.is_some() && extend.is_some() {
         bail!("give either --mask (inpaint) or --extend (outpaint), not both");
     }
+    let report = super::memory::Report::start(g.memory.memory_report);
     let model = g.model.open()?;
     let factor = model.vae_config.scale_factor() as u32;
     let image = load_image(&image_path, factor)?;
@@ -112,14 +113,16 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     recipe.extend = extend.as_ref().map(|e| [e[0], e[1], e[2], e[3]]);
     recipe.feather = (mode != Mode::Img2img).then_some(feather);
 
-    let opts = RunOptions::default();
+    let planned = g.memory.plan(&model, &req, true)?;
+    let opts = planned.opts.clone();
+    let model = planned.variant.as_ref().unwrap_or(&model);
     let mut noise = noise_source(req.rng, req.seed);
     let mut progress = progress_reporter(g.preview.clone(), g.preview_every, cancel_flag());
     let start = Instant::now();
     let out = match &mask {
-        None => finish(img2img(&model, &req, &work_image, strength, &opts, noise.as_mut(), None, &mut progress))?,
+        None => finish(img2img(model, &req, &work_image, strength, &opts, noise.as_mut(), None, &mut progress))?,
         Some(m) => finish(inpaint(
-            &model,
+            model,
             &req,
             &work_image,
             m,
@@ -131,7 +134,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
             &mut progress,
         ))?,
     };
+    recipe.memory_plan = Some(planned.recipe_line());
     save_batch(&out.image, &paths, &recipe).context("saving")?;
+    report.finish();
     println!(
         "wrote {} ({mode:?}, {}x{}, strength {strength}, {} steps, {}, seed {}) in {:.2} s",
         paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "),

@@ -7,10 +7,10 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 use brume::pipelines::image_io::{save_png, to_rgb8};
-use brume::pipelines::{txt2img, Flow, GenerationRequest, RunOptions};
+use brume::pipelines::{txt2img, Flow, GenerationRequest};
 use brume::samplers::{noise_source, RngKind, SamplerKind};
 
-use super::ModelArgs;
+use super::{MemoryArgs, ModelArgs};
 
 #[derive(clap::Subcommand, Debug)]
 pub enum Eval {
@@ -24,6 +24,8 @@ pub enum Eval {
 pub struct ShowcaseArgs {
     #[command(flatten)]
     model: ModelArgs,
+    #[command(flatten)]
+    memory: MemoryArgs,
     #[arg(long, default_value = "a large red circle on the left on a blue background")]
     prompt: String,
     /// Prompt for the edits (img2img, inpaint, outpaint) of the txt2img picture.
@@ -43,6 +45,8 @@ pub struct ShowcaseArgs {
 pub struct AdherenceArgs {
     #[command(flatten)]
     model: ModelArgs,
+    #[command(flatten)]
+    memory: MemoryArgs,
     /// Number of held-out prompts (fixed list, fixed seeds).
     #[arg(long, default_value_t = 200)]
     count: usize,
@@ -84,7 +88,6 @@ fn sheet(rows: &[Vec<image::RgbImage>], tile: u32) -> image::RgbImage {
 fn showcase(a: ShowcaseArgs) -> anyhow::Result<()> {
     let model = a.model.open()?;
     let size = model.default_size();
-    let opts = RunOptions::default();
     let base = GenerationRequest {
         steps: a.steps,
         guidance_scale: a.guidance,
@@ -99,6 +102,8 @@ fn showcase(a: ShowcaseArgs) -> anyhow::Result<()> {
     } else {
         None
     };
+    // Every picture of the sheet has the native size; the edits need the VAE encoder too.
+    let opts = a.memory.plan(&model, &base, true)?.opts;
     let mut listing = String::new();
     let mut samplers_row = Vec::new();
     for &kind in SamplerKind::ALL {
@@ -195,10 +200,10 @@ pub fn judge_held_out(
     steps: usize,
     guidance: f64,
     kind: SamplerKind,
+    opts: &brume::pipelines::RunOptions,
 ) -> anyhow::Result<(Adherence, Vec<image::RgbImage>)> {
     let size = model.default_size();
     let prompts = brume_world::scene::held_out_prompts(count);
-    let opts = RunOptions::default();
     let mut tally: BTreeMap<&'static str, (usize, usize)> = BTreeMap::new();
     let mut all_correct = 0usize;
     let mut tiles = Vec::with_capacity(prompts.len());
@@ -214,7 +219,7 @@ pub fn judge_held_out(
             ..GenerationRequest::new(caption.clone(), size)
         };
         let mut noise = noise_source(req.rng, req.seed);
-        let out = txt2img(model, &req, &opts, noise.as_mut(), None, &mut |_| Flow::Continue)?;
+        let out = txt2img(model, &req, opts, noise.as_mut(), None, &mut |_| Flow::Continue)?;
         let img = to_rgb8(&out.image)?;
         let verdict = brume_world::judge::judge(&img, &spec);
         for (name, ok) in verdict.attributes() {
@@ -242,7 +247,10 @@ fn adherence(a: AdherenceArgs) -> anyhow::Result<()> {
     };
     let steps = a.steps.unwrap_or(default_steps(kind));
     let start = Instant::now();
-    let (scores, tiles) = judge_held_out(&model, a.count, steps, a.guidance, kind)?;
+    let probe = GenerationRequest { steps, guidance_scale: a.guidance, ..GenerationRequest::new("", size) };
+    // The judge needs the native size: no resolution fallback (planned as an edit would be).
+    let opts = a.memory.plan(&model, &probe, true)?.opts;
+    let (scores, tiles) = judge_held_out(&model, a.count, steps, a.guidance, kind, &opts)?;
     let (tally, all_correct) = (scores.attributes, scores.all_correct);
     let prompts = scores.prompts;
     eprintln!();

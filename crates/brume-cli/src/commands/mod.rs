@@ -1,12 +1,14 @@
 pub mod bench;
 pub mod bench_precision;
 pub mod convert;
+pub mod bench_memory;
 pub mod doctor;
 pub mod edit;
 pub mod eval;
 pub mod generate;
 pub mod info;
 pub mod inspect;
+pub mod memory;
 pub mod random_model;
 pub mod run;
 
@@ -14,6 +16,8 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use brume::pipelines::{OpenOptions, SdModel};
+
+pub use memory::MemoryArgs;
 
 /// Model selection shared by every command that runs a model.
 #[derive(clap::Args, Debug, Clone)]
@@ -57,3 +61,4 @@ impl ModelArgs {
         }
     }
 }
+

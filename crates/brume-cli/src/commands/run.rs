@@ -14,7 +14,7 @@ use brume::pipelines::recipe::Recipe;
 use brume::pipelines::{Flow, GenerationRequest, Progress, SdModel};
 use brume::samplers::{RngKind, SamplerKind};
 
-use super::ModelArgs;
+use super::{MemoryArgs, ModelArgs};
 
 /// Options every generation takes.
 #[derive(clap::Args, Debug, Clone)]
@@ -30,6 +30,8 @@ pub struct GenArgs {
     pub negative_prompt: Option<String>,
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub memory: MemoryArgs,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// Noise generator: brume (same on every machine) or torch (diffusers' CPU pictures).
@@ -165,7 +167,12 @@ pub fn progress_reporter(
     move |p: &Progress| {
         match p {
             Progress::Loaded(seg) => {
-                tracing::info!("loaded {seg}");
+                let m = brume::runtime::memory::read();
+                tracing::info!(
+                    "loaded {seg}; private dirty {}, RSS {}",
+                    m.private_dirty.map(brume::runtime::memory::mib).unwrap_or_default(),
+                    m.rss.map(brume::runtime::memory::mib).unwrap_or_default()
+                );
                 last = Instant::now();
             }
             Progress::Step { index, total, latents } => {

@@ -7,7 +7,7 @@ use std::cell::{Cell, RefCell};
 use candle_core::{Result, Tensor};
 
 use crate::error::LoadError;
-use crate::layers::{attention, AttentionMask, Conv2d, Conv2dConfig, GroupNorm, LayerNorm, Linear};
+use crate::layers::{attention_with, AttentionMask, AttentionMode, Conv2d, Conv2dConfig, GroupNorm, LayerNorm, Linear};
 use crate::loading::Weights;
 
 /// Cross-attention keys and values of one conditioning, computed on first use
@@ -84,11 +84,13 @@ impl KvCache {
 pub struct CrossContext<'a> {
     pub hidden: &'a Tensor,
     pub cache: Option<&'a KvCache>,
+    /// How every attention layer of the UNet forms its scores (chunked to bound memory).
+    pub attention: AttentionMode,
 }
 
 impl<'a> CrossContext<'a> {
     pub fn uncached(hidden: &'a Tensor) -> Self {
-        Self { hidden, cache: None }
+        Self { hidden, cache: None, attention: AttentionMode::Full }
     }
 }
 
@@ -144,14 +146,14 @@ impl Attention {
             (Some(cache), Some(slot)) => cache.get_or_compute(slot, project)?,
             _ => project()?,
         };
-        self.attend(x, &k, &v)
+        self.attend(x, &k, &v, ctx.attention)
     }
 
-    fn attend(&self, x: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
+    fn attend(&self, x: &Tensor, k: &Tensor, v: &Tensor, mode: AttentionMode) -> Result<Tensor> {
         let (b, n, _) = x.dims3()?;
         let q = self.split_heads(&self.to_q.forward(x)?)?;
         let scale = (self.dim_head as f64).powf(-0.5);
-        let o = attention(&q, k, v, scale, AttentionMask::None)?;
+        let o = attention_with(&q, k, v, scale, AttentionMask::None, mode)?;
         let o = o.transpose(1, 2)?.reshape((b, n, self.heads * self.dim_head))?;
         self.to_out.forward(&o)
     }
@@ -163,10 +165,15 @@ impl Attention {
 
     /// `x` [batch, n, query_dim]; `context` [batch, m, context_dim] or `None` for self-attention.
     pub fn forward(&self, x: &Tensor, context: Option<&Tensor>) -> Result<Tensor> {
+        self.forward_with(x, context, AttentionMode::Full)
+    }
+
+    /// [`Attention::forward`] with the scores formed as `mode` says.
+    pub fn forward_with(&self, x: &Tensor, context: Option<&Tensor>, mode: AttentionMode) -> Result<Tensor> {
         let ctx = context.unwrap_or(x);
         let k = self.split_heads(&self.to_k.forward(ctx)?)?;
         let v = self.split_heads(&self.to_v.forward(ctx)?)?;
-        self.attend(x, &k, &v)
+        self.attend(x, &k, &v, mode)
     }
 }
 
@@ -234,7 +241,7 @@ impl BasicTransformerBlock {
         let a1 = if self.only_cross_attention {
             self.attn1.forward_cross(&h, ctx)?
         } else {
-            self.attn1.forward(&h, None)?
+            self.attn1.forward_with(&h, None, ctx.attention)?
         };
         let x = (a1 + x)?;
         let x = (self.attn2.forward_cross(&self.norm2.forward(&x)?, ctx)? + &x)?;

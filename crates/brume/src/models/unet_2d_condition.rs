@@ -438,6 +438,7 @@ impl UNet2DConditionModel {
         let context = CrossContext {
             hidden: &hidden,
             cache: context.cache,
+            attention: context.attention,
         };
 
         let mut h = self.conv_in.forward(&sample)?;

@@ -8,6 +8,9 @@ use super::model::SdModel;
 use crate::loading::Segment;
 use super::request::{Flow, Progress, ProgressFn};
 use crate::error::{Result, RunError};
+use std::rc::Rc;
+
+use crate::memory::{Checkpoint, Guard, Residency, Strategy};
 use crate::models::attention::CrossContext;
 use crate::models::UNet2DConditionModel;
 use crate::samplers::{NoiseSource, Sampler};
@@ -21,6 +24,34 @@ pub struct RunOptions {
     /// Reuse cross-attention keys/values across steps (the conditioning cache).
     /// Off only to measure what it saves: results are identical either way.
     pub reuse_kv: bool,
+    /// How the run trades speed or quality for memory (the plan's strategy).
+    pub strategy: Strategy,
+    /// Re-checks the budget before each segment and step; its strategy, which
+    /// may fall back during the run, overrides `strategy` when present.
+    pub guard: Option<Rc<Guard>>,
+}
+
+impl RunOptions {
+    /// The strategy in force now.
+    pub fn strategy(&self) -> Strategy {
+        self.guard.as_ref().map(|g| g.strategy()).unwrap_or(self.strategy)
+    }
+
+    /// Checks headroom at `at` (a no-op without a guard).
+    pub fn check(&self, at: Checkpoint) -> Result<Strategy> {
+        match &self.guard {
+            Some(g) => Ok(g.check(at)?),
+            None => Ok(self.strategy),
+        }
+    }
+
+    /// Called once a segment's modules are dropped: under sequential residency
+    /// its mapped pages go back to the OS.
+    pub fn done_with(&self, model: &SdModel, seg: Segment) {
+        if self.strategy().residency == Residency::Sequential {
+            model.release(seg);
+        }
+    }
 }
 
 impl Default for RunOptions {
@@ -29,12 +60,15 @@ impl Default for RunOptions {
             device: crate::runtime::default_device(),
             dtype: DType::F32,
             reuse_kv: true,
+            strategy: Strategy { residency: Residency::Sequential, ..Strategy::PLAIN },
+            guard: None,
         }
     }
 }
 
 /// Loads the UNet segment (dropped by the caller when the loop is done).
 pub fn load_unet(model: &SdModel, opts: &RunOptions, progress: ProgressFn) -> Result<UNet2DConditionModel> {
+    opts.check(Checkpoint::BeforeSegment(Segment::Unet))?;
     let unet = model.unet(&opts.device, opts.dtype)?;
     if progress(&Progress::Loaded(Segment::Unet)) == Flow::Cancel {
         return Err(RunError::Cancelled);
@@ -74,9 +108,10 @@ pub fn denoise(
         ),
         None => None,
     };
-    let ctx = CrossContext {
+    let mut ctx = CrossContext {
         hidden: &cond.context,
         cache: opts.reuse_kv.then_some(&cond.kv),
+        attention: opts.strategy().attention,
     };
     let timesteps = sampler.timesteps().to_vec();
     let total = timesteps.len();
@@ -93,6 +128,7 @@ pub fn denoise(
         _ => (None, None),
     };
     for (i, &t) in timesteps.iter().enumerate().skip(start) {
+        ctx.attention = opts.check(Checkpoint::BeforeStep(i + 1 - start))?.attention;
         let scaled = sampler.scale_model_input(&latents, i)?;
         let mut input = double(&scaled)?;
         if let (Some(m), Some(mi)) = (&concat_mask, &concat_masked) {

@@ -29,6 +29,7 @@ pub fn start_index(steps: usize, strength: f64, order: usize) -> Result<usize> {
 
 /// Loads the VAE encoder segment (it is dropped by the caller when done).
 pub fn load_encoder(model: &SdModel, opts: &RunOptions, progress: ProgressFn) -> Result<AnyVaeEncoder> {
+    opts.check(crate::memory::Checkpoint::BeforeSegment(Segment::VaeEncoder))?;
     let enc = model.vae_encoder(&opts.device, opts.dtype)?;
     if progress(&Progress::Loaded(Segment::VaeEncoder)) == Flow::Cancel {
         return Err(RunError::Cancelled);
@@ -74,19 +75,23 @@ pub fn img2img(
     if model.unet_config.in_channels != model.vae_config.latent_channels() {
         return Err(RunError::Invalid("an inpainting UNet needs a mask: use inpainting".into()));
     }
+    opts.check(crate::memory::Checkpoint::BeforeSegment(crate::loading::Segment::TextEncoder))?;
     let cond = conditioning(model, &req, &opts.device, opts.dtype, cache, progress)?;
+    opts.done_with(model, crate::loading::Segment::TextEncoder);
     let mut sampler = req.build_sampler(model)?;
     let start = start_index(req.steps, strength, sampler.order())?;
     let init_latents = {
         let enc = load_encoder(model, opts, progress)?;
         encode_image(model, &enc, image, req.batch, opts, noise)?
     };
+    opts.done_with(model, Segment::VaeEncoder);
     let n = noise.randn(init_latents.dims(), &opts.device)?;
     let latents = sampler.add_noise(&init_latents, &n, start)?;
     let latents = {
         let unet = load_unet(model, opts, progress)?;
         denoise(&unet, &cond, req.guidance_scale, sampler.as_mut(), latents, start, None, noise, opts, progress)?
     };
+    opts.done_with(model, crate::loading::Segment::Unet);
     let image = decode(model, &latents, opts, progress)?;
     Ok(Generated { image, latents })
 }

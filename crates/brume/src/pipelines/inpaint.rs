@@ -62,7 +62,9 @@ pub fn inpaint(
         return Err(RunError::Invalid("the mask is empty: paint white where the image should change".into()));
     }
     let masked_image = image.broadcast_mul(&mask_bin.lt(0.5)?.to_dtype(DType::F32)?)?;
+    opts.check(crate::memory::Checkpoint::BeforeSegment(crate::loading::Segment::TextEncoder))?;
     let cond = conditioning(model, &req, &opts.device, opts.dtype, cache, progress)?;
+    opts.done_with(model, crate::loading::Segment::TextEncoder);
     let mut sampler = req.build_sampler(model)?;
     let start = start_index(req.steps, strength, sampler.order())?;
     let full_strength = strength >= 1.0;
@@ -82,6 +84,7 @@ pub fn inpaint(
         let masked_latents = encode_image(model, &enc, &masked_image, req.batch, opts, noise)?;
         (image_latents, n, masked_latents)
     };
+    opts.done_with(model, crate::loading::Segment::VaeEncoder);
     let latents = match (&image_latents, full_strength) {
         (Some(il), false) => sampler.add_noise(il, &n, start)?,
         _ => (&n * sampler.init_noise_sigma())?,
@@ -103,6 +106,7 @@ pub fn inpaint(
         let unet = load_unet(model, opts, progress)?;
         denoise(&unet, &cond, req.guidance_scale, sampler.as_mut(), latents, start, Some(&extra), noise, opts, progress)?
     };
+    opts.done_with(model, crate::loading::Segment::Unet);
     let generated = decode(model, &latents, opts, progress)?;
     let image = match paste_back {
         Some(p) => composite(image, &generated, &mask_bin, p.feather)?,

@@ -12,6 +12,7 @@ pub mod random_model;
 pub mod recipe;
 pub mod request;
 pub mod single_file;
+pub mod tiled_decode;
 pub mod txt2img;
 
 pub use conditioning::{Conditioning, ConditioningCache};

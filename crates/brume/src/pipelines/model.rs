@@ -411,6 +411,24 @@ impl SdModel {
         }
     }
 
+    /// Hands the resident pages of a dropped segment's mapped weights back to the
+    /// OS, so sequential loading lowers RSS as well as private memory. Call only
+    /// once the segment's modules are dropped (the pages would just fault back in).
+    pub fn release(&self, s: Segment) {
+        let (component, prefixes): (Component, &[&str]) = match s {
+            Segment::TextEncoder => (Component::TextEncoder, &[]),
+            Segment::Unet => (Component::Unet, &[]),
+            Segment::VaeEncoder => (Component::Vae, &["encoder.", "quant_conv."]),
+            Segment::VaeDecoder => (Component::Vae, &["decoder.", "post_quant_conv."]),
+        };
+        for (name, t) in self.store(component).iter() {
+            if t.file.is_file_mapping() && (prefixes.is_empty() || prefixes.iter().any(|p| name.starts_with(p))) {
+                crate::runtime::memory::release_mapped(t.bytes());
+            }
+        }
+        tracing::debug!(segment = %s, "released mapped pages");
+    }
+
     pub fn text_encoder(&self, device: &Device, dtype: DType) -> Result<ClipTextModel, LoadError> {
         ClipTextModel::load(self.store(Component::TextEncoder), &self.text_config, device, dtype)
     }

@@ -76,6 +76,9 @@ pub struct Recipe {
     pub extend: Option<[usize; 4]>,
     /// Inpainting: mask feather radius in pixels.
     pub feather: Option<usize>,
+    /// The memory plan and any fallback it took (a lower resolution changes the picture).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_plan: Option<String>,
 }
 
 impl Recipe {
@@ -104,6 +107,7 @@ impl Recipe {
             mask: None,
             extend: None,
             feather: None,
+            memory_plan: None,
         }
     }
 

@@ -94,6 +94,103 @@ pub fn available() -> Option<Available> {
     Some(Available { bytes, findings })
 }
 
+/// Where a [`Budget`] came from: the user named a tier or a size, or the OS was asked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BudgetSource {
+    /// `--device-tier NAME`: the tier's safe model budget.
+    Tier(&'static DeviceTier),
+    /// `--memory-budget SIZE`, as the user typed it.
+    Explicit(String),
+    /// Neither flag: what the OS says is available now.
+    Available(Available),
+    /// Neither flag, and the platform tells nothing: no limit is known.
+    Unknown,
+}
+
+/// The memory a generation may plan to use, in bytes of private (dirty) memory:
+/// the figure a phone's jetsam charges and `RLIMIT_DATA` bounds. Memory-mapped
+/// f32 weights are clean, evictable file pages and do not count against it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Budget {
+    bytes: u64,
+    source: BudgetSource,
+}
+
+impl Budget {
+    /// Resolves `--device-tier` / `--memory-budget` (at most one may be given);
+    /// without either, the memory available now.
+    pub fn resolve(tier_name: Option<&str>, size: Option<&str>) -> Result<Self, RunError> {
+        match (tier_name, size) {
+            (Some(_), Some(_)) => Err(RunError::Invalid(
+                "give either --device-tier or --memory-budget, not both".into(),
+            )),
+            (Some(name), None) => {
+                let t = tier(name)?;
+                Ok(Self { bytes: t.safe_budget, source: BudgetSource::Tier(t) })
+            }
+            (None, Some(text)) => Ok(Self::explicit(parse_size(text)?, text)),
+            (None, None) => Ok(match available() {
+                Some(a) => Self { bytes: a.bytes, source: BudgetSource::Available(a) },
+                None => Self { bytes: u64::MAX, source: BudgetSource::Unknown },
+            }),
+        }
+    }
+
+    /// A budget of `bytes`, labelled as the user wrote it.
+    pub fn explicit(bytes: u64, label: &str) -> Self {
+        Self { bytes, source: BudgetSource::Explicit(label.trim().to_string()) }
+    }
+
+    /// The same source with fewer bytes (a budget that shrank mid-run).
+    pub fn with_bytes(&self, bytes: u64) -> Self {
+        Self { bytes, source: self.source.clone() }
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    pub fn source(&self) -> &BudgetSource {
+        &self.source
+    }
+
+    /// The budget now: a tier or explicit size does not change; the OS's figure
+    /// is read again, plus the private memory this process already holds (which
+    /// the OS no longer counts as available, but the run may reuse).
+    pub fn refreshed(&self) -> Self {
+        match &self.source {
+            BudgetSource::Available(_) => match available() {
+                Some(a) => {
+                    let own = crate::runtime::memory::read().private_dirty.unwrap_or(0);
+                    Self { bytes: a.bytes + own, source: BudgetSource::Available(a) }
+                }
+                None => self.clone(),
+            },
+            _ => self.clone(),
+        }
+    }
+
+    /// Whether a limit is known at all.
+    pub fn is_limited(&self) -> bool {
+        self.source != BudgetSource::Unknown
+    }
+}
+
+impl std::fmt::Display for Budget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let size = crate::runtime::memory::mib(self.bytes);
+        match &self.source {
+            BudgetSource::Tier(t) => write!(f, "{size} (device tier {}: {})", t.name, t.description),
+            BudgetSource::Explicit(text) => write!(f, "{size} (--memory-budget {text})"),
+            BudgetSource::Available(a) => {
+                let from = a.findings.iter().find(|x| x.bytes == a.bytes).map(|x| x.source.as_str()).unwrap_or("the OS");
+                write!(f, "{size} (available now, from {from})")
+            }
+            BudgetSource::Unknown => write!(f, "unlimited (the platform reports no available memory)"),
+        }
+    }
+}
+
 #[cfg(target_os = "linux")]
 mod platform {
     use super::Finding;
@@ -270,6 +367,25 @@ mod tests {
         for t in TIERS {
             assert!(t.safe_budget < t.working_set, "{}", t.name);
         }
+    }
+
+    #[test]
+    fn budgets_resolve_from_tier_size_or_os() {
+        let b = Budget::resolve(Some("a17-pro"), None).unwrap();
+        assert_eq!(b.bytes(), GB);
+        assert!(matches!(b.source(), BudgetSource::Tier(t) if t.name == "a17-pro"));
+        assert!(b.to_string().contains("a17-pro"), "{b}");
+        let b = Budget::resolve(None, Some("1.2GB")).unwrap();
+        assert_eq!(b.bytes(), 1_200_000_000);
+        assert!(b.to_string().contains("--memory-budget 1.2GB"), "{b}");
+        assert!(Budget::resolve(Some("a16"), Some("1GB")).is_err());
+        let e = Budget::resolve(Some("a15"), None).unwrap_err().to_string();
+        assert!(e.contains("a15") && e.contains("a17-pro"), "{e}");
+        assert!(Budget::resolve(None, Some("lots")).is_err());
+        let os = Budget::resolve(None, None).unwrap();
+        #[cfg(target_os = "linux")]
+        assert!(matches!(os.source(), BudgetSource::Available(_)) && os.is_limited());
+        assert_eq!(os.with_bytes(5).bytes(), 5);
     }
 
     #[cfg(target_os = "linux")]

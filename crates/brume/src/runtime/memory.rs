@@ -38,3 +38,83 @@ pub fn read() -> MemoryReading {
 pub fn mib(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
 }
+
+/// Watches the process's memory from a background thread: the kernel keeps
+/// the peak RSS (VmHWM) but no peak of private dirty memory, so that one is
+/// sampled. Samples every `interval`; a spike shorter than that can be missed,
+/// which is why benchmarks run sizes where each op takes much longer.
+pub struct PeakWatch {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    handle: Option<std::thread::JoinHandle<u64>>,
+}
+
+impl PeakWatch {
+    pub fn start(interval: std::time::Duration) -> Self {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let handle = std::thread::Builder::new()
+            .name("brume-peak-watch".into())
+            .spawn(move || {
+                let mut peak = 0u64;
+                loop {
+                    if let Some(d) = read().private_dirty {
+                        peak = peak.max(d);
+                    }
+                    if flag.load(Ordering::Relaxed) {
+                        return peak;
+                    }
+                    std::thread::sleep(interval);
+                }
+            })
+            .ok();
+        Self { stop, handle }
+    }
+
+    /// Stops sampling; returns (peak RSS from the kernel, sampled peak private dirty).
+    pub fn finish(mut self) -> (Option<u64>, Option<u64>) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let dirty = self.handle.take().and_then(|h| h.join().ok()).filter(|&d| d > 0);
+        let now = read();
+        (now.peak_rss, dirty.max(now.private_dirty))
+    }
+}
+
+/// Hands a mapped byte range's resident pages back to the OS (they are clean:
+/// re-read from the file if touched again). Used when a segment is dropped so
+/// its weights stop counting in RSS; a no-op where the OS offers no such call.
+pub fn release_mapped(bytes: &[u8]) {
+    #[cfg(unix)]
+    {
+        let page = 4096usize;
+        let start = bytes.as_ptr() as usize;
+        let aligned = start.div_ceil(page) * page;
+        let end = (start + bytes.len()) / page * page;
+        if end > aligned {
+            // SAFETY: the range lies inside a live read-only private file mapping;
+            // MADV_DONTNEED on such a mapping only drops page-table entries, and
+            // later reads fault the unchanged file contents back in.
+            let rc = unsafe { libc::madvise(aligned as *mut libc::c_void, end - aligned, libc::MADV_DONTNEED) };
+            if rc != 0 {
+                tracing::debug!("madvise(MADV_DONTNEED) failed: {}", std::io::Error::last_os_error());
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = bytes;
+}
+
+/// Makes freed tensor memory go back to the OS at once. glibc's allocator
+/// serves requests under a threshold (which grows with use, up to 32 MiB) from
+/// heaps it keeps after `free`, so a process that has run a model holds on to
+/// its largest activations; a fixed 1 MiB threshold maps every tensor of note
+/// on its own and unmaps it when dropped, so private memory follows what is
+/// alive (what the estimator predicts and a phone's budget needs).
+pub fn return_freed_memory_promptly() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes allocator tuning; called before heavy allocation.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 4 << 20);
+    }
+}

@@ -1,0 +1,247 @@
+//! The planner: the least lossy way to run a request within a memory budget.
+//!
+//! Rungs, in order of what they cost: all segments resident (nothing traded);
+//! sequential segments (load time, same picture); chunked attention (a little
+//! speed, same picture); tiled VAE decoding (seams blended, nearly the same
+//! picture); a lower resolution (a different picture, upscaled or reported
+//! smaller as the user chose); a lower-precision variant of the model, when
+//! one is installed. The first rung whose estimate fits is taken; when none
+//! does, the request is refused before any large allocation, naming the
+//! budget and the smallest need.
+
+use std::num::NonZeroUsize;
+
+use super::estimate::{estimate, Estimate, ModelProfile, RequestShape};
+use super::strategy::{AttentionMode, Residency, Strategy, TileSpec, VaeDecode};
+use crate::error::RunError;
+use crate::pipelines::VaeConfig;
+use crate::runtime::budget::Budget;
+use crate::runtime::memory::mib;
+
+/// Query chunks tried, largest (fastest) first.
+const CHUNKS: [usize; 6] = [2048, 1024, 512, 256, 128, 64];
+/// Latent tile sizes tried, largest (fewest seams) first; overlap is a quarter.
+const TILES: [usize; 4] = [48, 32, 24, 16];
+/// Steps of the resolution fallback, in pixels off each side (512 -> 448 -> 384).
+const RESOLUTION_STEPS: [usize; 2] = [64, 128];
+
+/// What the user allows when only a smaller picture fits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ResolutionFallback {
+    /// Refuse instead.
+    Off,
+    /// Generate smaller, then resize the output to the requested size.
+    #[default]
+    Upscale,
+    /// Generate smaller and write the smaller picture, saying so.
+    Report,
+}
+
+impl ResolutionFallback {
+    pub fn parse(s: &str) -> Result<Self, RunError> {
+        match s {
+            "off" => Ok(Self::Off),
+            "upscale" => Ok(Self::Upscale),
+            "report" => Ok(Self::Report),
+            other => Err(RunError::Invalid(format!("--resolution-fallback `{other}`: expected off, upscale or report"))),
+        }
+    }
+}
+
+/// How the output of a reduced-resolution run reaches the user.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReducedOutput {
+    Upscaled,
+    ReportedSmaller,
+}
+
+/// The size a plan runs at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunSize {
+    Requested,
+    Reduced { width: usize, height: usize, output: ReducedOutput },
+}
+
+/// A lower-precision copy of the model the user has installed (e.g. a folder
+/// `brume convert` wrote): the planner's last resort before refusing.
+pub struct PrecisionVariant<'a> {
+    /// What to call it in messages and recipes (e.g. `int8`, or its folder).
+    pub label: String,
+    pub model: &'a ModelProfile,
+}
+
+/// A chosen way to run. Fallbacks are derived from the fields, so the plan
+/// cannot claim a fallback it does not take.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    pub strategy: Strategy,
+    pub size: RunSize,
+    /// Index into the variants given to [`plan`]; `None`: the model itself.
+    pub variant: Option<(usize, String)>,
+    pub estimate: Estimate,
+    pub budget: Budget,
+}
+
+impl Plan {
+    /// The fallbacks taken, least lossy first; empty for the plain path.
+    pub fn fallbacks(&self) -> Vec<String> {
+        let mut f = Vec::new();
+        if self.strategy.residency == Residency::Sequential {
+            f.push("sequential segments".to_string());
+        }
+        if let AttentionMode::Chunked(c) = self.strategy.attention {
+            f.push(format!("chunked attention ({c} queries)"));
+        }
+        if let VaeDecode::Tiled(t) = self.strategy.vae {
+            f.push(format!("tiled VAE decoding ({} latent px tiles, {} overlap)", t.tile(), t.overlap()));
+        }
+        if let RunSize::Reduced { width, height, output } = self.size {
+            f.push(match output {
+                ReducedOutput::Upscaled => format!("lower resolution {width}x{height}, upscaled"),
+                ReducedOutput::ReportedSmaller => format!("lower resolution {width}x{height}, written at that size"),
+            });
+        }
+        if let Some((_, label)) = &self.variant {
+            f.push(format!("lower precision ({label})"));
+        }
+        f
+    }
+
+    /// One line for stderr and the recipe.
+    pub fn summary(&self) -> String {
+        let fb = self.fallbacks();
+        let what = if fb.is_empty() { "no fallback needed".to_string() } else { format!("fallback: {}", fb.join(", ")) };
+        format!(
+            "memory plan {}: {what}; estimated peak {} private, {} RSS; budget {}",
+            self.strategy.label(),
+            mib(self.estimate.peak.private_dirty),
+            mib(self.estimate.peak.rss),
+            self.budget
+        )
+    }
+}
+
+fn fits(e: &Estimate, budget: u64) -> bool {
+    e.peak.private_dirty <= budget
+}
+
+/// The fastest chunking whose estimate fits `budget`, else the smallest chunk.
+pub fn cheapest_attention(model: &ModelProfile, shape: &RequestShape, s: &Strategy, budget: u64) -> Option<AttentionMode> {
+    let modes: Vec<AttentionMode> = CHUNKS.iter().filter_map(|&c| NonZeroUsize::new(c)).map(AttentionMode::Chunked).collect();
+    let fitting = modes.iter().find(|&&m| {
+        let t = Strategy { attention: m, ..*s };
+        estimate(model, shape, &t).unet.private_dirty <= budget
+    });
+    fitting.or(modes.last()).copied()
+}
+
+/// The largest tile whose decode fits `budget`, else the smallest (KL VAEs only).
+pub fn cheapest_tiles(model: &ModelProfile, shape: &RequestShape, s: &Strategy, budget: u64) -> Option<TileSpec> {
+    if !matches!(model.vae, VaeConfig::Kl(_)) {
+        return None;
+    }
+    let f = model.vae.scale_factor();
+    let latent = (shape.width / f).max(shape.height / f);
+    let tiles: Vec<TileSpec> = TILES.iter().filter(|&&t| t < latent).filter_map(|&t| TileSpec::new(t, t / 4)).collect();
+    let fitting = tiles.iter().find(|&&t| {
+        let x = Strategy { vae: VaeDecode::Tiled(t), ..*s };
+        estimate(model, shape, &x).decode.private_dirty <= budget
+    });
+    fitting.or(tiles.last()).copied()
+}
+
+/// The strategies of the rungs that keep the requested size, least lossy first.
+pub fn rungs(model: &ModelProfile, shape: &RequestShape, budget: u64) -> Vec<Strategy> {
+    let plain = Strategy::PLAIN;
+    let seq = Strategy { residency: Residency::Sequential, ..plain };
+    let mut out = vec![plain, seq];
+    if let Some(a) = cheapest_attention(model, shape, &seq, budget) {
+        let chunked = Strategy { attention: a, ..seq };
+        out.push(chunked);
+        if let Some(t) = cheapest_tiles(model, shape, &chunked, budget) {
+            out.push(Strategy { vae: VaeDecode::Tiled(t), ..chunked });
+        }
+    }
+    out
+}
+
+/// Picks the least lossy plan for `shape` within `budget`, or refuses.
+pub fn plan(
+    model: &ModelProfile,
+    shape: &RequestShape,
+    budget: &Budget,
+    resolution: ResolutionFallback,
+    variants: &[PrecisionVariant],
+) -> Result<Plan, RunError> {
+    let b = budget.bytes();
+    let mut smallest: Option<(u64, String)> = None;
+    let mut consider = |e: &Estimate, label: String| {
+        if smallest.as_ref().is_none_or(|(n, _)| e.peak.private_dirty < *n) {
+            smallest = Some((e.peak.private_dirty, label));
+        }
+    };
+    let sizes = candidate_sizes(model, shape, resolution);
+    let models: Vec<(Option<(usize, String)>, &ModelProfile)> = std::iter::once((None, model))
+        .chain(variants.iter().enumerate().map(|(i, v)| (Some((i, v.label.clone())), v.model)))
+        .collect();
+    for (variant, m) in &models {
+        for (size, run_shape) in &sizes {
+            for s in rungs(m, run_shape, b) {
+                let e = estimate(m, run_shape, &s);
+                let candidate = Plan { strategy: s, size: *size, variant: variant.clone(), estimate: e.clone(), budget: budget.clone() };
+                if fits(&e, b) {
+                    return Ok(candidate);
+                }
+                consider(&e, candidate.fallbacks().join(", "));
+            }
+        }
+    }
+    let (need, label) = smallest.unwrap_or((0, String::new()));
+    Err(RunError::OverBudget {
+        when: "before loading any weights".into(),
+        budget: budget.to_string(),
+        need: mib(need),
+        plan: label,
+    })
+}
+
+/// A plan with a fixed strategy at the requested size (`--memory-plan`), still
+/// refused when it does not fit.
+pub fn fixed(model: &ModelProfile, shape: &RequestShape, budget: &Budget, strategy: Strategy) -> Result<Plan, RunError> {
+    let e = estimate(model, shape, &strategy);
+    if !fits(&e, budget.bytes()) {
+        return Err(RunError::OverBudget {
+            when: "before loading any weights".into(),
+            budget: budget.to_string(),
+            need: mib(e.peak.private_dirty),
+            plan: strategy.label(),
+        });
+    }
+    Ok(Plan { strategy, size: RunSize::Requested, variant: None, estimate: e, budget: budget.clone() })
+}
+
+fn candidate_sizes(model: &ModelProfile, shape: &RequestShape, resolution: ResolutionFallback) -> Vec<(RunSize, RequestShape)> {
+    let mut out = vec![(RunSize::Requested, *shape)];
+    let output = match resolution {
+        ResolutionFallback::Off => return out,
+        ResolutionFallback::Upscale => ReducedOutput::Upscaled,
+        ResolutionFallback::Report => ReducedOutput::ReportedSmaller,
+    };
+    let f = model.vae.scale_factor() * 8;
+    for step in RESOLUTION_STEPS {
+        // Keep the aspect ratio: shrink the longer side by `step`, the other in proportion,
+        // both rounded down to a multiple the UNet divides evenly.
+        let long = shape.width.max(shape.height);
+        if long <= step + f {
+            break;
+        }
+        let scale = (long - step) as f64 / long as f64;
+        let w = ((shape.width as f64 * scale) as usize / f * f).max(f);
+        let h = ((shape.height as f64 * scale) as usize / f * f).max(f);
+        if (w, h) == (shape.width, shape.height) {
+            continue;
+        }
+        out.push((RunSize::Reduced { width: w, height: h, output }, RequestShape { width: w, height: h, ..*shape }));
+    }
+    out
+}

@@ -1,0 +1,302 @@
+//! A liveness walk over the forward passes brume runs: which tensors are alive
+//! at once, op by op, so the peak of activations at a resolution and batch can be
+//! predicted without running the model. The rules follow our own code (Rust
+//! temporaries live to the end of their statement; `h = f(&h)` frees the old `h`
+//! after `f` returns), not a generic framework's.
+
+use crate::layers::AttentionMode;
+use crate::models::{AutoencoderKLConfig, ClipTextConfig, UNetConfig};
+use crate::models::unet_2d_condition::{DownBlockType, MidBlockType, UpBlockType};
+
+/// Bytes the mapped convolution's patch buffer may take (see `layers/mapped.rs`).
+const COLS_BUDGET: u64 = 16 << 20;
+
+/// Live bytes and their running peak.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Sim {
+    live: u64,
+    peak: u64,
+}
+
+impl Sim {
+    pub fn peak(&self) -> u64 {
+        self.peak
+    }
+    fn alloc(&mut self, b: u64) {
+        self.live += b;
+        self.peak = self.peak.max(self.live);
+    }
+    fn free(&mut self, b: u64) {
+        self.live = self.live.saturating_sub(b);
+    }
+    /// A transient `b` bytes on top of what is live.
+    fn spike(&mut self, b: u64) {
+        self.peak = self.peak.max(self.live + b);
+    }
+}
+
+/// The patch buffer of a k x k convolution producing `ho x wo` from `c` channels.
+fn cols(c: u64, k: u64, ho: u64, wo: u64) -> u64 {
+    if k == 1 {
+        return 0;
+    }
+    let ck = c * k * k;
+    let band = (COLS_BUDGET / (4 * ck * wo).max(1)).clamp(1, ho);
+    4 * ck * band * wo
+}
+
+/// Geometry of one feature map: batch x (h x w), `s` bytes per element.
+#[derive(Debug, Clone, Copy)]
+struct Map {
+    b: u64,
+    h: u64,
+    w: u64,
+    s: u64,
+}
+
+impl Map {
+    /// Bytes of `c` channels.
+    fn ch(&self, c: usize) -> u64 {
+        self.b * self.h * self.w * self.s * c as u64
+    }
+    fn n(&self) -> u64 {
+        self.h * self.w
+    }
+    fn half(&self) -> Map {
+        Map { h: self.h.div_ceil(2), w: self.w.div_ceil(2), ..*self }
+    }
+    fn double(&self) -> Map {
+        Map { h: self.h * 2, w: self.w * 2, ..*self }
+    }
+}
+
+/// Transient bytes of `GroupNorm` over `x` bytes: the centred input lives to the
+/// end of the call, and the normalised map, its scaled copy and the shifted
+/// result overlap it (`layers/norm.rs`), so four buffers of the input's size.
+fn group_norm(x: u64) -> u64 {
+    4 * x
+}
+
+/// `ResnetBlock2D`: input live on entry; on return the output is live too.
+fn resnet(sim: &mut Sim, m: Map, cin: usize, cout: usize, temb: bool) {
+    let (i, o) = (m.ch(cin), m.ch(cout));
+    // norm1 internals, then norm + silu + conv1 and its patches.
+    sim.spike(group_norm(i));
+    sim.spike(2 * i + o + cols(cin as u64, 3, m.h, m.w));
+    sim.alloc(o); // h1
+    let mut held = o;
+    if temb {
+        sim.alloc(o); // h1 + temb (the shadowed h1 stays alive)
+        held += o;
+    }
+    sim.spike(group_norm(o));
+    sim.spike(3 * o + cols(cout as u64, 3, m.h, m.w));
+    sim.alloc(o); // h2
+    held += o;
+    if cin != cout {
+        sim.alloc(o); // shortcut
+        held += o;
+    }
+    sim.alloc(o); // output
+    sim.free(held);
+}
+
+/// Scaled dot-product attention over `heads` heads, `nq` queries and `nk` keys,
+/// q/k/v of `c` channels (bytes `cq`, `ckv` for the query and key/value maps).
+#[allow(clippy::too_many_arguments)]
+fn attention(sim: &mut Sim, b: u64, heads: u64, nq: u64, nk: u64, cq: u64, ckv: u64, mode: AttentionMode) {
+    // Contiguous per-head copies of q, k, v; the scores, then scaled scores /
+    // softmax (two score buffers at once); the output.
+    match mode {
+        AttentionMode::Full => {
+            let scores = 4 * b * heads * nq * nk;
+            sim.spike(cq + 2 * ckv + 2 * scores + cq);
+        }
+        AttentionMode::Chunked(chunk) => {
+            let qc = (chunk.get() as u64).min(nq);
+            let scores = 4 * b * heads * qc * nk;
+            let q_chunk = cq * qc / nq.max(1);
+            // k, v copies; all chunk outputs (one q's worth) then their concatenation.
+            sim.spike(2 * ckv + q_chunk + 2 * scores + 2 * cq);
+        }
+    }
+}
+
+/// `Transformer2DModel` over `m` with `c` channels: input live on entry, output live on return.
+#[allow(clippy::too_many_arguments)]
+fn transformer(sim: &mut Sim, m: Map, c: usize, heads: usize, depth: usize, ctx_tokens: u64, only_cross: bool, mode: AttentionMode) {
+    let t = m.ch(c);
+    let ctx = m.b * ctx_tokens * m.s * c as u64;
+    sim.spike(group_norm(t));
+    sim.alloc(t); // normed
+    sim.spike(2 * t); // projection out + token copy
+    sim.alloc(t); // tokens
+    for _ in 0..depth {
+        // norm1, q, k, v projections (views), then attention's copies and scores.
+        if only_cross {
+            sim.alloc(2 * t);
+            attention(sim, m.b, heads as u64, m.n(), ctx_tokens, t, ctx, mode);
+            sim.free(2 * t);
+        } else {
+            sim.alloc(4 * t);
+            attention(sim, m.b, heads as u64, m.n(), m.n(), t, t, mode);
+            sim.free(4 * t);
+        }
+        sim.spike(3 * t); // output, head merge copy, to_out
+        sim.alloc(t); // x + a1
+        sim.alloc(2 * t);
+        attention(sim, m.b, heads as u64, m.n(), ctx_tokens, t, ctx, mode);
+        sim.free(2 * t);
+        sim.spike(3 * t);
+        sim.alloc(t); // x + a2
+        sim.free(t);
+        // norm3, GEGLU projection (8c), gelu(gate) (4c), product (4c), out.
+        sim.spike(t + 8 * t + 4 * t + 4 * t);
+        sim.alloc(t); // new tokens
+        sim.free(2 * t); // the block's input and the x + a1 intermediate
+    }
+    sim.spike(3 * t); // map copy, projection, residual sum
+    sim.alloc(t); // output
+    sim.free(2 * t); // normed, tokens
+}
+
+/// Peak activation bytes of one UNet evaluation on a latent of `h x w` with
+/// batch `b` (already doubled for guidance), `s` bytes per element.
+pub fn unet(cfg: &UNetConfig, b: usize, h: usize, w: usize, s: usize, ctx_tokens: usize, mode: AttentionMode) -> u64 {
+    let mut sim = Sim::default();
+    let mut m = Map { b: b as u64, h: h as u64, w: w as u64, s: s as u64 };
+    let ch = &cfg.block_out_channels;
+    let ctx = ctx_tokens as u64;
+    sim.alloc(m.ch(cfg.in_channels)); // the sample
+    sim.spike(m.ch(ch[0]) + cols(cfg.in_channels as u64, 3, m.h, m.w));
+    sim.alloc(m.ch(ch[0])); // conv_in (also the first skip: shared storage)
+    let mut skips: Vec<u64> = vec![m.ch(ch[0])];
+    let mut prev = ch[0];
+    for (i, &c) in ch.iter().enumerate() {
+        let attn = cfg.down_block_types[i] == DownBlockType::CrossAttnDownBlock2D;
+        for j in 0..cfg.layers_per_block[i] {
+            let cin = if j == 0 { prev } else { c };
+            resnet(&mut sim, m, cin, c, true);
+            // The input stays alive: it is a skip (or conv_in / downsample output, also a skip).
+            if attn {
+                transformer(&mut sim, m, c, cfg.num_heads[i], cfg.transformer_layers_per_block[i], ctx, cfg.only_cross_attention[i], mode);
+                sim.free(m.ch(c)); // the resnet output
+            }
+            skips.push(m.ch(c));
+        }
+        prev = c;
+        if i + 1 < ch.len() {
+            let down = m.half();
+            sim.spike(down.ch(c) + cols(c as u64, 3, down.h, down.w));
+            sim.alloc(down.ch(c));
+            skips.push(down.ch(c));
+            m = down;
+        }
+    }
+    let last = *ch.last().unwrap_or(&0);
+    let last_heads = cfg.num_heads.last().copied().unwrap_or(1);
+    let last_depth = cfg.transformer_layers_per_block.last().copied().unwrap_or(1);
+    match cfg.mid_block_type {
+        MidBlockType::CrossAttn => {
+            resnet(&mut sim, m, last, last, true);
+            transformer(&mut sim, m, last, last_heads, last_depth, ctx, false, mode);
+            resnet(&mut sim, m, last, last, true);
+            sim.free(2 * m.ch(last));
+        }
+        MidBlockType::Plain => {
+            resnet(&mut sim, m, last, last, true);
+        }
+        MidBlockType::None => sim.alloc(m.ch(last)),
+    }
+    // Every skip is held until its up-block layer; `h` is live.
+    let rev: Vec<usize> = ch.iter().rev().copied().collect();
+    let n = rev.len();
+    let mut prev = rev[0];
+    for (i, &c) in rev.iter().enumerate() {
+        let bi = n - 1 - i;
+        let attn = cfg.up_block_types[i] == UpBlockType::CrossAttnUpBlock2D;
+        let layers = cfg.layers_per_block[bi] + 1;
+        for j in 0..layers {
+            let skip = skips.pop().unwrap_or(0);
+            let skip_c = (skip / m.ch(1).max(1)) as usize;
+            let cin = if j == 0 { prev } else { c };
+            sim.alloc(m.ch(cin + skip_c)); // concatenation
+            resnet(&mut sim, m, cin + skip_c, c, true);
+            sim.free(m.ch(cin + skip_c) + m.ch(cin) + skip);
+            if attn {
+                transformer(&mut sim, m, c, cfg.num_heads[bi], cfg.reverse_transformer_layers_per_block.get(i).copied().unwrap_or(1), ctx, cfg.only_cross_attention[bi], mode);
+                sim.free(m.ch(c));
+            }
+        }
+        prev = c;
+        if i + 1 < n {
+            let up = m.double();
+            sim.alloc(up.ch(c)); // nearest upsample
+            sim.spike(up.ch(c) + cols(c as u64, 3, up.h, up.w));
+            sim.alloc(up.ch(c));
+            sim.free(up.ch(c) + m.ch(c));
+            m = up;
+        }
+    }
+    sim.spike(group_norm(m.ch(ch[0])).max(2 * m.ch(ch[0]) + cols(ch[0] as u64, 3, m.h, m.w) + m.ch(cfg.out_channels)));
+    sim.peak()
+}
+
+/// Peak activation bytes of the KL VAE decoder on a latent of `h x w`, batch `b`.
+pub fn vae_decoder(cfg: &AutoencoderKLConfig, b: usize, h: usize, w: usize, s: usize) -> u64 {
+    let mut sim = Sim::default();
+    let mut m = Map { b: b as u64, h: h as u64, w: w as u64, s: s as u64 };
+    let ch = &cfg.block_out_channels;
+    let top = *ch.last().unwrap_or(&0);
+    sim.alloc(2 * m.ch(cfg.latent_channels)); // latents, post_quant_conv
+    sim.spike(m.ch(top) + cols(cfg.latent_channels as u64, 3, m.h, m.w));
+    sim.alloc(m.ch(top));
+    resnet(&mut sim, m, top, top, false);
+    sim.free(m.ch(top));
+    if cfg.mid_block_add_attention {
+        let t = m.ch(top);
+        // norm (internals), token view; q/k/v (each from a contiguous copy), attention.
+        sim.spike(group_norm(t));
+        sim.alloc(t);
+        sim.spike(2 * t);
+        sim.alloc(3 * t);
+        attention(&mut sim, m.b, 1, m.n(), m.n(), t, t, AttentionMode::Full);
+        sim.free(3 * t);
+        sim.spike(4 * t);
+        sim.alloc(t);
+        sim.free(t);
+    }
+    resnet(&mut sim, m, top, top, false);
+    sim.free(m.ch(top));
+    let rev: Vec<usize> = ch.iter().rev().copied().collect();
+    let mut prev = rev[0];
+    for (i, &c) in rev.iter().enumerate() {
+        for j in 0..cfg.layers_per_block + 1 {
+            let cin = if j == 0 { prev } else { c };
+            resnet(&mut sim, m, cin, c, false);
+            sim.free(m.ch(cin));
+        }
+        prev = c;
+        if i + 1 < rev.len() {
+            let up = m.double();
+            sim.alloc(up.ch(c));
+            sim.spike(up.ch(c) + cols(c as u64, 3, up.h, up.w));
+            sim.alloc(up.ch(c));
+            sim.free(up.ch(c) + m.ch(c));
+            m = up;
+        }
+    }
+    sim.spike(group_norm(m.ch(ch[0])).max(2 * m.ch(ch[0]) + cols(ch[0] as u64, 3, m.h, m.w) + m.ch(cfg.out_channels)));
+    sim.peak()
+}
+
+/// Peak activation bytes of the CLIP text encoder on `b` sequences of `tokens`.
+pub fn text_encoder(cfg: &ClipTextConfig, b: usize, tokens: usize, s: usize) -> u64 {
+    let (b, n, d, f) = (b as u64, tokens as u64, cfg.hidden_size as u64, cfg.intermediate_size as u64);
+    let t = b * n * d * s as u64;
+    let scores = 4 * b * cfg.num_attention_heads as u64 * n * n;
+    // hidden, norm, q/k/v and copies, causal mask, scores; or the MLP's fc1 + activation.
+    let attn = 9 * t + 2 * scores + 4 * n * n;
+    let mlp = 3 * t + 2 * b * n * f * s as u64;
+    attn.max(mlp)
+}
