@@ -13,7 +13,22 @@ pub enum AttentionMask {
 /// `q` is [batch, heads, n_q, d], `k` and `v` are [batch, heads, n_k, d]. Scores
 /// and softmax run in f32 whatever the input dtype, which is what diffusers'
 /// `upcast_attention` / `upcast_softmax` ask for and costs nothing in f32.
+///
+/// On the CPU in [`KernelMode::Fast`](crate::kernels::KernelMode) this runs the
+/// fused kernel ([`crate::kernels::flash_attention`], no `n_q x n_k` buffer);
+/// otherwise [`attention_reference`].
 pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, mask: AttentionMask) -> Result<Tensor> {
+    if crate::kernels::mode() == crate::kernels::KernelMode::Fast && q.device().is_cpu() {
+        let f32 = |t: &Tensor| t.to_dtype(candle_core::DType::F32);
+        let o = crate::kernels::flash_attention::flash_attention(&f32(q)?, &f32(k)?, &f32(v)?, scale, mask == AttentionMask::Causal)?;
+        return o.to_dtype(q.dtype());
+    }
+    attention_reference(q, k, v, scale, mask)
+}
+
+/// The plain candle path: full score matrix, softmax, matmul. What the kernel is
+/// proven against, and what runs on other devices or with `--kernels reference`.
+pub fn attention_reference(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, mask: AttentionMask) -> Result<Tensor> {
     let dtype = q.dtype();
     let q = q.to_dtype(candle_core::DType::F32)?.contiguous()?;
     let k = k.to_dtype(candle_core::DType::F32)?.contiguous()?;

@@ -15,7 +15,7 @@ mod norm;
 mod param;
 
 pub use activation::Activation;
-pub use attention::{attention, AttentionMask};
+pub use attention::{attention, attention_reference, AttentionMask};
 pub use conv::{Conv2d, Conv2dConfig};
 pub use embedding::Embedding;
 pub use linear::Linear;
