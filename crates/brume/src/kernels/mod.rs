@@ -11,6 +11,7 @@
 //! how `--kernels reference` checks a result or a timing against candle.
 
 pub mod flash_attention;
+pub mod group_norm;
 mod simd;
 
 use std::sync::atomic::{AtomicU8, Ordering};
