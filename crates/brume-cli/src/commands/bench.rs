@@ -15,6 +15,8 @@ use super::ModelArgs;
 pub enum Bench {
     /// What the conditioning cache (cross-attention K/V reuse) saves.
     KvCache(KvArgs),
+    /// Each CPU kernel vs candle's plain path vs PyTorch (attention, group norm).
+    Kernels(super::bench_kernels::KernelArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -38,6 +40,7 @@ pub struct KvArgs {
 pub fn run(b: Bench) -> anyhow::Result<()> {
     match b {
         Bench::KvCache(a) => kv_cache(a),
+        Bench::Kernels(a) => super::bench_kernels::run(a),
     }
 }
 

@@ -1,4 +1,5 @@
 pub mod bench;
+pub mod bench_kernels;
 pub mod doctor;
 pub mod edit;
 pub mod eval;
