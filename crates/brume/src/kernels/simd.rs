@@ -49,7 +49,9 @@ pub(crate) trait Simd: Copy {
     }
 }
 
-/// The polynomial part of exp2 on f in [-0.5, 0.5], in Horner form.
+/// The polynomial part of exp2 on f in [-0.5, 0.5], in Horner form (the vector
+/// paths; the portable one runs the same polynomial per lane in `exp2_scalar`).
+#[cfg(target_arch = "x86_64")]
 #[inline(always)]
 unsafe fn exp2_poly<S: Simd>(f: S::V) -> S::V {
     let mut p = S::splat(EXP2_C[6]);
