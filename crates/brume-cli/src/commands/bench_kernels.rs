@@ -26,6 +26,9 @@ pub struct KernelArgs {
     /// PyTorch's side (default: tools/bench/kernels.py of this source tree).
     #[arg(long)]
     torch_script: Option<PathBuf>,
+    /// Only the cases whose name contains this (attn_self, attn_cross, gn, gn_silu).
+    #[arg(long)]
+    only: Option<String>,
 }
 
 enum Op {
@@ -212,7 +215,13 @@ pub fn run(a: KernelArgs) -> anyhow::Result<()> {
     if a.runs == 0 {
         bail!("--runs must be at least 1");
     }
-    let cases = cases()?;
+    let mut cases = cases()?;
+    if let Some(only) = &a.only {
+        cases.retain(|c| c.name.contains(only.as_str()));
+        if cases.is_empty() {
+            bail!("no case matches --only {only}");
+        }
+    }
     let folder = std::env::temp_dir().join(format!("brume-bench-kernels-{}", std::process::id()));
     let mut torch = None;
     let mut torch_note = String::from("PyTorch column left out (--python none)");
