@@ -163,3 +163,20 @@ fn eval_adherence_prints_the_table_and_writes_a_contact_sheet() {
     let img = image::open(&show).unwrap();
     assert_eq!((img.width(), img.height()), (11 * t, 2 * t), "11 samplers; 5 edit tiles");
 }
+
+#[test]
+fn kernels_switch_gives_the_same_picture_and_the_bench_prints_its_table() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    run_ok(&["--kernels", "fast", "generate", "a red circle", "--steps", "3", "--out", "f.png"], d);
+    run_ok(&["--kernels", "reference", "generate", "a red circle", "--steps", "3", "--out", "r.png"], d);
+    let (f, r) = (image::open(d.join("f.png")).unwrap().to_rgb8(), image::open(d.join("r.png")).unwrap().to_rgb8());
+    let worst = f.as_raw().iter().zip(r.as_raw()).map(|(a, b)| a.abs_diff(*b)).max().unwrap();
+    assert!(worst <= 2, "fast and reference kernels differ by {worst}/255");
+    let bad = brume().args(["--kernels", "turbo", "inspect"]).output().unwrap();
+    assert!(!bad.status.success());
+    let table = run_ok(&["bench", "kernels", "--only", "gn", "--runs", "1", "--python", "none"], d);
+    for s in ["group norm 320ch 64x64 g32 + SiLU", "brume fast", "brume reference", "fast/reference", "PyTorch column left out"] {
+        assert!(table.contains(s), "missing {s} in\n{table}");
+    }
+}
