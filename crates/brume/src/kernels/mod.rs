@@ -68,6 +68,14 @@ pub fn use_fast(t: &Tensor) -> bool {
     mode() == KernelMode::Fast && matches!(t.device(), Device::Cpu) && t.dtype() == DType::F32
 }
 
+/// Whether the fused attention kernel beats candle's plain path on this CPU. The
+/// portable path does not (with the ISA capped to it on an AVX-512 machine it ran
+/// 1.7x slower than candle's own SIMD matmuls), so without AVX2 the attention
+/// layer keeps the plain path; `flash_attention` itself still runs anywhere.
+pub fn attention_pays() -> bool {
+    isa() != Isa::Portable
+}
+
 /// The instruction set the kernels use on this machine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Isa {

@@ -202,15 +202,11 @@ fn map2(a: P8, b: P8, f: impl Fn(f32, f32) -> f32) -> P8 {
 }
 
 /// Scalar 2^x with the same polynomial as the vector paths.
+/// Branch-free apart from the final select, so the lane loops vectorise.
 #[inline(always)]
 fn exp2_scalar(x: f32) -> f32 {
-    if x.is_nan() {
-        return x;
-    }
-    if x < EXP2_MIN {
-        return 0.0;
-    }
-    let x = x.min(EXP2_MAX);
+    let under = x < EXP2_MIN;
+    let x = x.clamp(EXP2_MIN, EXP2_MAX);
     // Round to nearest by the 1.5 * 2^23 trick (|x| <= 127), which vectorises.
     const MAGIC: f32 = 12_582_912.0;
     let n = (x + MAGIC) - MAGIC;
@@ -219,7 +215,12 @@ fn exp2_scalar(x: f32) -> f32 {
     for &c in EXP2_C[..6].iter().rev() {
         p = p.mul_add(f, c);
     }
-    p * f32::from_bits((((n as i32) + 127) as u32) << 23)
+    let r = p * f32::from_bits((((n as i32) + 127) as u32) << 23);
+    if under {
+        0.0
+    } else {
+        r
+    }
 }
 
 impl Simd for Portable {

@@ -14,11 +14,11 @@ pub enum AttentionMask {
 /// and softmax run in f32 whatever the input dtype, which is what diffusers'
 /// `upcast_attention` / `upcast_softmax` ask for and costs nothing in f32.
 ///
-/// On the CPU in [`KernelMode::Fast`](crate::kernels::KernelMode) this runs the
-/// fused kernel ([`crate::kernels::flash_attention`], no `n_q x n_k` buffer);
+/// On the CPU in [`KernelMode::Fast`](crate::kernels::KernelMode), where it pays
+/// ([`crate::kernels::attention_pays`]), this runs the fused kernel ([`crate::kernels::flash_attention`], no `n_q x n_k` buffer);
 /// otherwise [`attention_reference`].
 pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, mask: AttentionMask) -> Result<Tensor> {
-    if crate::kernels::mode() == crate::kernels::KernelMode::Fast && q.device().is_cpu() {
+    if crate::kernels::mode() == crate::kernels::KernelMode::Fast && q.device().is_cpu() && crate::kernels::attention_pays() {
         let f32 = |t: &Tensor| t.to_dtype(candle_core::DType::F32);
         let o = crate::kernels::flash_attention::flash_attention(&f32(q)?, &f32(k)?, &f32(v)?, scale, mask == AttentionMask::Causal)?;
         return o.to_dtype(q.dtype());
