@@ -171,9 +171,11 @@ impl CustomOp3 for FlashAttention {
             causal: self.causal,
         };
         let isa = self.isa;
+        // Query tile: NV * LANES of the tile_* instantiation below (kept in step by
+        // the tests, which cover every query count around these multiples).
         let br = match isa {
             Isa::Avx512 => 64,
-            Isa::Avx2 => 32,
+            Isa::Avx2 => 16,
             Isa::Portable => 16,
         };
         let tiles = nq.div_ceil(br);
@@ -209,7 +211,7 @@ unsafe fn tile_avx512(vw: &Views, bh: usize, q0: usize, scr: &mut Scratch) {
 #[target_feature(enable = "avx2,fma")]
 unsafe fn tile_avx2(vw: &Views, bh: usize, q0: usize, scr: &mut Scratch) {
     // SAFETY: forwarded from the caller.
-    unsafe { tile::<Avx2, 4, 3, 3>(vw, bh, q0, scr) }
+    unsafe { tile::<Avx2, 2, 6, 6>(vw, bh, q0, scr) }
 }
 
 /// One head (`bh` = batch * heads + head) and the queries `q0..q0 + NV * LANES`
