@@ -13,6 +13,10 @@ struct Cli {
     /// Log level filter (error, warn, info, debug, trace); RUST_LOG also works.
     #[arg(long, global = true, default_value = "warn")]
     log: String,
+    /// CPU kernels: `fast` (brume's fused kernels) or `reference` (candle's plain
+    /// ops, to check a result or a timing against them).
+    #[arg(long, global = true, default_value = "fast", value_parser = ["fast", "reference"])]
+    kernels: String,
     #[command(subcommand)]
     command: Command,
 }
@@ -54,6 +58,9 @@ fn main() -> ExitCode {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&cli.log));
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    if let Some(mode) = brume::kernels::KernelMode::parse(&cli.kernels) {
+        brume::kernels::set_mode(mode);
+    }
     let result = match cli.command {
         Command::Generate(a) => commands::generate::run(a),
         Command::Edit(a) => commands::edit::run(a),

@@ -234,8 +234,8 @@ fn memory_budgets_are_resolved_planned_and_refused_before_loading() {
 #[test]
 fn resolution_fallback_is_reported_or_upscaled_as_chosen() {
     let tmp = tempfile::tempdir().unwrap();
-    // At 512 px the built-in model needs ~0.5 GB plain; 24 MB only fits at a lower resolution.
-    let args = ["generate", "x", "--steps", "1", "--width", "512", "--height", "512", "--memory-budget", "24MB"];
+    // At 512 px the built-in model needs ~0.5 GB plain; 44 MB only fits at 384 px.
+    let args = ["generate", "x", "--steps", "1", "--width", "512", "--height", "512", "--memory-budget", "44MB"];
     let small = tmp.path().join("small.png");
     let run = brume().args(args).args(["--resolution-fallback", "report", "--out"]).arg(&small).output().unwrap();
     let err = String::from_utf8_lossy(&run.stderr).into_owned();
@@ -251,4 +251,21 @@ fn resolution_fallback_is_reported_or_upscaled_as_chosen() {
     assert_eq!((img.width(), img.height()), (512, 512));
     let off = brume().args(args).args(["--resolution-fallback", "off", "--out"]).arg(tmp.path().join("off.png")).output().unwrap();
     assert!(!off.status.success() && String::from_utf8_lossy(&off.stderr).contains("out of memory budget"));
+}
+
+#[test]
+fn kernels_switch_gives_the_same_picture_and_the_bench_prints_its_table() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    run_ok(&["--kernels", "fast", "generate", "a red circle", "--steps", "3", "--out", "f.png"], d);
+    run_ok(&["--kernels", "reference", "generate", "a red circle", "--steps", "3", "--out", "r.png"], d);
+    let (f, r) = (image::open(d.join("f.png")).unwrap().to_rgb8(), image::open(d.join("r.png")).unwrap().to_rgb8());
+    let worst = f.as_raw().iter().zip(r.as_raw()).map(|(a, b)| a.abs_diff(*b)).max().unwrap();
+    assert!(worst <= 2, "fast and reference kernels differ by {worst}/255");
+    let bad = brume().args(["--kernels", "turbo", "inspect"]).output().unwrap();
+    assert!(!bad.status.success());
+    let table = run_ok(&["bench", "kernels", "--only", "gn", "--runs", "1", "--python", "none"], d);
+    for s in ["group norm 320ch 64x64 g32 + SiLU", "brume fast", "brume reference", "fast/reference", "PyTorch column left out"] {
+        assert!(table.contains(s), "missing {s} in\n{table}");
+    }
 }

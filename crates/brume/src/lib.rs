@@ -6,6 +6,7 @@
 //! [`samplers`], [`pipelines`], [`runtime`] (devices, memory accounting).
 
 pub mod error;
+pub mod kernels;
 pub mod layers;
 pub mod loading;
 pub mod memory;

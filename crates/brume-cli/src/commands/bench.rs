@@ -24,6 +24,8 @@ pub enum Bench {
     /// Estimated vs measured peak memory over tiers x sizes x memory plans, each
     /// row in a child process under an enforced limit equal to its budget.
     Memory(super::bench_memory::MemArgs),
+    /// Each CPU kernel vs candle's plain path vs PyTorch (attention, group norm).
+    Kernels(super::bench_kernels::KernelArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -52,6 +54,7 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
         Bench::Precision(a) => super::bench_precision::precision(a),
         Bench::PrecisionRun(a) => super::bench_precision::run_child(a),
         Bench::Memory(a) => super::bench_memory::run(a),
+        Bench::Kernels(a) => super::bench_kernels::run(a),
     }
 }
 

@@ -2,6 +2,7 @@ pub mod bench;
 pub mod bench_precision;
 pub mod convert;
 pub mod bench_memory;
+pub mod bench_kernels;
 pub mod doctor;
 pub mod edit;
 pub mod eval;

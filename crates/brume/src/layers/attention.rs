@@ -30,12 +30,34 @@ pub enum AttentionMode {
 /// `q` is [batch, heads, n_q, d], `k` and `v` are [batch, heads, n_k, d]. Scores
 /// and softmax run in f32 whatever the input dtype, which is what diffusers'
 /// `upcast_attention` / `upcast_softmax` ask for and costs nothing in f32.
+///
+/// On the CPU in [`KernelMode::Fast`](crate::kernels::KernelMode), where it pays
+/// ([`crate::kernels::attention_pays`]), this runs the fused kernel ([`crate::kernels::flash_attention`], no `n_q x n_k` buffer);
+/// otherwise [`attention_reference`].
 pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, mask: AttentionMask) -> Result<Tensor> {
     attention_with(q, k, v, scale, mask, AttentionMode::Full)
 }
 
-/// [`attention`] with the score matrix formed as `mode` says.
+/// [`attention`] with the score matrix formed as `mode` says. The fused kernel
+/// never forms it (its scratch is one tile), so where it runs `mode` changes nothing.
 pub fn attention_with(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, mask: AttentionMask, mode: AttentionMode) -> Result<Tensor> {
+    if crate::kernels::mode() == crate::kernels::KernelMode::Fast && q.device().is_cpu() && crate::kernels::attention_pays() {
+        let f32 = |t: &Tensor| t.to_dtype(candle_core::DType::F32);
+        let o = crate::kernels::flash_attention::flash_attention(&f32(q)?, &f32(k)?, &f32(v)?, scale, mask == AttentionMask::Causal)?;
+        return o.to_dtype(q.dtype());
+    }
+    attention_reference_with(q, k, v, scale, mask, mode)
+}
+
+/// The plain candle path: full score matrix, softmax, matmul. What the kernel is
+/// proven against, and what runs on other devices or with `--kernels reference`.
+pub fn attention_reference(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, mask: AttentionMask) -> Result<Tensor> {
+    attention_reference_with(q, k, v, scale, mask, AttentionMode::Full)
+}
+
+/// The plain path with the queries taken `mode`'s chunk at a time, so the score
+/// buffer is bounded where the fused kernel does not run.
+pub fn attention_reference_with(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, mask: AttentionMask, mode: AttentionMode) -> Result<Tensor> {
     let dtype = q.dtype();
     let k = k.to_dtype(candle_core::DType::F32)?.contiguous()?;
     let v = v.to_dtype(candle_core::DType::F32)?.contiguous()?;
@@ -108,10 +130,10 @@ mod tests {
             let q = rand(&[2, 3, nq, 8], 1);
             let k = rand(&[2, 3, nk, 8], 2);
             let v = rand(&[2, 3, nk, 8], 3);
-            let full = attention(&q, &k, &v, 0.35, mask).unwrap();
+            let full = attention_reference(&q, &k, &v, 0.35, mask).unwrap();
             for chunk in [1, 5, 16, nq - 1, nq, 4 * nq] {
                 let mode = AttentionMode::Chunked(NonZeroUsize::new(chunk).unwrap());
-                let got = attention_with(&q, &k, &v, 0.35, mask, mode).unwrap();
+                let got = attention_reference_with(&q, &k, &v, 0.35, mask, mode).unwrap();
                 assert_eq!(got.dims(), full.dims());
                 let d = max_diff(&got, &full);
                 assert!(d <= 1e-6, "nq {nq} nk {nk} {mask:?} chunk {chunk}: max diff {d}");
@@ -128,8 +150,8 @@ mod tests {
         let k = Tensor::from_vec(kd, (1, 1, 8, 2), &Device::Cpu).unwrap();
         let v = rand(&[1, 1, 8, 2], 9);
         let mode = AttentionMode::Chunked(NonZeroUsize::new(3).unwrap());
-        let got = attention_with(&q, &k, &v, 1.0, AttentionMask::None, mode).unwrap();
-        let full = attention(&q, &k, &v, 1.0, AttentionMask::None).unwrap();
+        let got = attention_reference_with(&q, &k, &v, 1.0, AttentionMask::None, mode).unwrap();
+        let full = attention_reference(&q, &k, &v, 1.0, AttentionMask::None).unwrap();
         assert!(max_diff(&got, &full) <= 1e-6);
     }
 }

@@ -16,7 +16,7 @@ pub mod packed;
 mod param;
 
 pub use activation::Activation;
-pub use attention::{attention, attention_with, AttentionMask, AttentionMode};
+pub use attention::{attention, attention_reference, attention_reference_with, attention_with, AttentionMask, AttentionMode};
 pub use conv::{Conv2d, Conv2dConfig};
 pub use embedding::Embedding;
 pub use linear::Linear;

@@ -1,5 +1,6 @@
 use candle_core::{DType, Result, Tensor, D};
 
+use super::Activation;
 use crate::error::LoadError;
 use crate::loading::Weights;
 
@@ -24,7 +25,39 @@ impl GroupNorm {
         })
     }
 
+    /// A group norm from its parameters (`weight` and `bias` of shape `[channels]`).
+    pub fn from_tensors(weight: Tensor, bias: Tensor, groups: usize, eps: f64) -> Result<Self> {
+        let channels = weight.dims1()?;
+        if bias.dims1()? != channels || groups == 0 || channels % groups != 0 {
+            candle_core::bail!("group norm: weight {:?}, bias {:?}, {groups} groups", weight.dims(), bias.dims());
+        }
+        Ok(Self { weight, bias, groups, channels, eps })
+    }
+
+    /// On the CPU in fast mode, one fused pass ([`crate::kernels::group_norm`]);
+    /// otherwise [`GroupNorm::forward_reference`].
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if self.fused(x) {
+            return crate::kernels::group_norm::group_norm(x, &self.weight, &self.bias, self.groups, self.eps, false);
+        }
+        self.forward_reference(x)
+    }
+
+    /// Group norm then `act`, as every resnet block and `conv_norm_out` does: with
+    /// SiLU on the CPU in fast mode, both in one pass, saving two full-size temporaries.
+    pub fn forward_then(&self, x: &Tensor, act: Activation) -> Result<Tensor> {
+        if act == Activation::Silu && self.fused(x) {
+            return crate::kernels::group_norm::group_norm(x, &self.weight, &self.bias, self.groups, self.eps, true);
+        }
+        act.forward(&self.forward(x)?)
+    }
+
+    fn fused(&self, x: &Tensor) -> bool {
+        crate::kernels::use_fast(x) && self.weight.dtype() == DType::F32 && self.bias.dtype() == DType::F32
+    }
+
+    /// The plain candle path the kernel is proven against.
+    pub fn forward_reference(&self, x: &Tensor) -> Result<Tensor> {
         let dims = x.dims().to_vec();
         let b = dims[0];
         let dtype = x.dtype();

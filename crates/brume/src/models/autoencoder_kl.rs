@@ -231,7 +231,7 @@ impl VaeEncoder {
             }
         }
         h = self.mid.forward(&h)?;
-        h = self.conv_out.forward(&self.cfg.act_fn.forward(&self.conv_norm_out.forward(&h)?)?)?;
+        h = self.conv_out.forward(&self.conv_norm_out.forward_then(&h, self.cfg.act_fn)?)?;
         if let Some(q) = &self.quant_conv {
             h = q.forward(&h)?;
         }
@@ -320,6 +320,6 @@ impl VaeDecoder {
                 h = u.forward(&h, None)?;
             }
         }
-        self.conv_out.forward(&self.cfg.act_fn.forward(&self.conv_norm_out.forward(&h)?)?)
+        self.conv_out.forward(&self.conv_norm_out.forward_then(&h, self.cfg.act_fn)?)
     }
 }

@@ -55,7 +55,7 @@ impl ResnetBlock2D {
     }
 
     pub fn forward(&self, x: &Tensor, temb: Option<&Tensor>) -> Result<Tensor> {
-        let h = self.conv1.forward(&self.act.forward(&self.norm1.forward(x)?)?)?;
+        let h = self.conv1.forward(&self.norm1.forward_then(x, self.act)?)?;
         let h = match (&self.time_emb_proj, temb) {
             (Some(proj), Some(t)) => {
                 let t = proj.forward(&self.act.forward(t)?)?;
@@ -63,7 +63,7 @@ impl ResnetBlock2D {
             }
             _ => h,
         };
-        let h = self.conv2.forward(&self.act.forward(&self.norm2.forward(&h)?)?)?;
+        let h = self.conv2.forward(&self.norm2.forward_then(&h, self.act)?)?;
         let skip = match &self.conv_shortcut {
             Some(c) => c.forward(x)?,
             None => x.clone(),

@@ -462,7 +462,7 @@ impl UNet2DConditionModel {
             };
             h = block.forward(&h, &mut skips, Some(&emb), Some(&context), upsample_size)?;
         }
-        let h = self.cfg.act_fn.forward(&self.conv_norm_out.forward(&h)?)?;
+        let h = self.conv_norm_out.forward_then(&h, self.cfg.act_fn)?;
         self.conv_out.forward(&h)
     }
 }

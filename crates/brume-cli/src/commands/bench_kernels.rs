@@ -1,0 +1,292 @@
+//! `brume bench kernels`: each CPU kernel against candle's plain path (what
+//! `--kernels reference` runs) and against PyTorch, on the shapes of an SD 1.5
+//! UNet at 512x512. Single runs alternate between the variants, so a busy machine
+//! slows them alike; the table gives median, min and max seconds, GFLOP/s and the
+//! output error against the plain path.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use brume::kernels::flash_attention::flash_attention;
+use brume::kernels::group_norm::group_norm;
+use brume::layers::{attention_reference, Activation, AttentionMask, GroupNorm};
+use candle_core::{Device, Tensor};
+
+#[derive(clap::Args, Debug)]
+pub struct KernelArgs {
+    /// Timed runs per variant (after one warm-up), alternated between the variants.
+    #[arg(long, default_value_t = 7)]
+    runs: usize,
+    /// A Python with torch and numpy for PyTorch's column; `none` leaves it out.
+    #[arg(long, default_value = "python3")]
+    python: String,
+    /// PyTorch's side (default: tools/bench/kernels.py of this source tree).
+    #[arg(long)]
+    torch_script: Option<PathBuf>,
+    /// Only the cases whose name contains this (attn_self, attn_cross, gn, gn_silu).
+    #[arg(long)]
+    only: Option<String>,
+}
+
+enum Op {
+    Attention { q: Tensor, k: Tensor, scale: f64 },
+    GroupNorm { x: Tensor, w: Tensor, b: Tensor, groups: usize, silu: bool },
+}
+
+struct Case {
+    name: &'static str,
+    label: String,
+    /// Nominal floating-point operations of one run.
+    flops: f64,
+    op: Op,
+}
+
+const EPS: f64 = 1e-5;
+
+impl Case {
+    fn fast(&self) -> candle_core::Result<Tensor> {
+        match &self.op {
+            Op::Attention { q, k, scale } => flash_attention(q, k, k, *scale, false),
+            Op::GroupNorm { x, w, b, groups, silu } => group_norm(x, w, b, *groups, EPS, *silu),
+        }
+    }
+
+    fn reference(&self) -> candle_core::Result<Tensor> {
+        match &self.op {
+            Op::Attention { q, k, scale } => attention_reference(q, k, k, *scale, AttentionMask::None),
+            Op::GroupNorm { x, w, b, groups, silu } => {
+                let y = GroupNorm::from_tensors(w.clone(), b.clone(), *groups, EPS)?.forward_reference(x)?;
+                if *silu {
+                    Activation::Silu.forward(&y)
+                } else {
+                    Ok(y)
+                }
+            }
+        }
+    }
+}
+
+fn cases() -> anyhow::Result<Vec<Case>> {
+    let dev = Device::Cpu;
+    let mut rng = brume::samplers::Rng::new(0);
+    let (h, d, n) = (8, 40, 4096);
+    let attn = |name, nk: usize, rng: &mut brume::samplers::Rng| -> anyhow::Result<Case> {
+        Ok(Case {
+            name,
+            label: format!("attention 1x{h}x{n}x{nk} d{d}"),
+            flops: 4.0 * (h * n * nk * d) as f64,
+            op: Op::Attention {
+                q: rng.randn(&[1, h, n, d], &dev)?,
+                k: rng.randn(&[1, h, nk, d], &dev)?,
+                scale: (d as f64).powf(-0.5),
+            },
+        })
+    };
+    let mut v = vec![attn("attn_self", n, &mut rng)?, attn("attn_cross", 77, &mut rng)?];
+    let x = rng.randn(&[1, 320, 64, 64], &dev)?;
+    let (w, b) = (rng.randn(&[320], &dev)?, rng.randn(&[320], &dev)?);
+    for silu in [false, true] {
+        v.push(Case {
+            name: if silu { "gn_silu" } else { "gn" },
+            label: format!("group norm 320ch 64x64 g32{}", if silu { " + SiLU" } else { "" }),
+            // Nominal: 7 per element (mean, centred squares, normalise-scale-shift), SiLU 4 more.
+            flops: (if silu { 11.0 } else { 7.0 }) * x.elem_count() as f64,
+            op: Op::GroupNorm { x: x.clone(), w: w.clone(), b: b.clone(), groups: 32, silu },
+        });
+    }
+    Ok(v)
+}
+
+fn write_f32(path: &Path, t: &Tensor) -> anyhow::Result<()> {
+    let data = t.flatten_all()?.to_vec1::<f32>()?;
+    let bytes: Vec<u8> = data.iter().flat_map(|x| x.to_le_bytes()).collect();
+    std::fs::write(path, bytes).with_context(|| format!("writing {}", path.display()))
+}
+
+fn read_f32(path: &Path, like: &Tensor) -> anyhow::Result<Tensor> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let data: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    if data.len() != like.elem_count() {
+        bail!("{}: {} values, expected {}", path.display(), data.len(), like.elem_count());
+    }
+    Ok(Tensor::from_vec(data, like.shape(), like.device())?)
+}
+
+/// PyTorch in a child process that runs one op per request.
+struct Torch {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    version: String,
+}
+
+impl Torch {
+    fn start(python: &str, script: &Path, folder: &Path, cases: &[Case]) -> anyhow::Result<Self> {
+        let mut spec = Vec::new();
+        for c in cases {
+            match &c.op {
+                Op::Attention { q, k, scale } => {
+                    write_f32(&folder.join(format!("{}.q.f32", c.name)), q)?;
+                    write_f32(&folder.join(format!("{}.k.f32", c.name)), k)?;
+                    write_f32(&folder.join(format!("{}.v.f32", c.name)), k)?;
+                    spec.push(serde_json::json!({"name": c.name, "op": "attention", "q": q.dims(), "k": k.dims(), "scale": scale}));
+                }
+                Op::GroupNorm { x, w, b, groups, silu } => {
+                    write_f32(&folder.join(format!("{}.x.f32", c.name)), x)?;
+                    write_f32(&folder.join(format!("{}.w.f32", c.name)), w)?;
+                    write_f32(&folder.join(format!("{}.b.f32", c.name)), b)?;
+                    spec.push(serde_json::json!({"name": c.name, "op": "group_norm", "x": x.dims(), "groups": groups, "eps": EPS, "silu": silu}));
+                }
+            }
+        }
+        std::fs::write(folder.join("cases.json"), serde_json::to_string(&spec)?)?;
+        let mut child = Command::new(python)
+            .arg(script)
+            .arg(folder)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("starting {python}"))?;
+        let (stdin, stdout) = match (child.stdin.take(), child.stdout.take()) {
+            (Some(i), Some(o)) => (i, BufReader::new(o)),
+            _ => bail!("no pipes to {python}"),
+        };
+        let mut t = Self { child, stdin, stdout, version: String::new() };
+        let ready = t.line()?;
+        t.version = ready.strip_prefix("ready ").map(str::to_owned).context("PyTorch script did not start")?;
+        Ok(t)
+    }
+
+    fn line(&mut self) -> anyhow::Result<String> {
+        let mut s = String::new();
+        if self.stdout.read_line(&mut s)? == 0 {
+            bail!("the PyTorch script exited");
+        }
+        Ok(s.trim().to_owned())
+    }
+
+    fn run(&mut self, case: &str) -> anyhow::Result<f64> {
+        writeln!(self.stdin, "{case}")?;
+        self.stdin.flush()?;
+        Ok(self.line()?.parse()?)
+    }
+}
+
+impl Drop for Torch {
+    fn drop(&mut self) {
+        let _ = writeln!(self.stdin, "quit");
+        let _ = self.stdin.flush();
+        let _ = self.child.wait();
+    }
+}
+
+fn default_script() -> PathBuf {
+    let local = PathBuf::from("tools/bench/kernels.py");
+    if local.exists() {
+        local
+    } else {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/bench/kernels.py")
+    }
+}
+
+/// max |got - want| / max |want|.
+fn rel_err(got: &Tensor, want: &Tensor) -> anyhow::Result<f32> {
+    let got = got.contiguous()?;
+    let diff = (got - want)?.abs()?.max_all()?.to_scalar::<f32>()?;
+    Ok(diff / want.abs()?.max_all()?.to_scalar::<f32>()?.max(f32::MIN_POSITIVE))
+}
+
+fn stats(v: &mut [f64]) -> (f64, f64, f64) {
+    v.sort_by(|a, b| a.total_cmp(b));
+    (v[v.len() / 2], v[0], v[v.len() - 1])
+}
+
+fn time(f: impl FnOnce() -> candle_core::Result<Tensor>) -> anyhow::Result<f64> {
+    let t = Instant::now();
+    drop(f()?);
+    Ok(t.elapsed().as_secs_f64())
+}
+
+pub fn run(a: KernelArgs) -> anyhow::Result<()> {
+    if a.runs == 0 {
+        bail!("--runs must be at least 1");
+    }
+    let mut cases = cases()?;
+    if let Some(only) = &a.only {
+        cases.retain(|c| c.name.contains(only.as_str()));
+        if cases.is_empty() {
+            bail!("no case matches --only {only}");
+        }
+    }
+    let folder = std::env::temp_dir().join(format!("brume-bench-kernels-{}", std::process::id()));
+    let mut torch = None;
+    let mut torch_note = String::from("PyTorch column left out (--python none)");
+    if a.python != "none" {
+        std::fs::create_dir_all(&folder)?;
+        let script = a.torch_script.clone().unwrap_or_else(default_script);
+        match Torch::start(&a.python, &script, &folder, &cases) {
+            Ok(t) => torch = Some(t),
+            Err(e) => torch_note = format!("PyTorch column left out: {e:#}"),
+        }
+    }
+    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    println!("brume bench kernels: isa {}, {threads} CPU threads, {} alternated runs per variant", brume::kernels::isa().name(), a.runs);
+    match &torch {
+        Some(t) => println!("PyTorch: {}", t.version),
+        None => println!("{torch_note}"),
+    }
+    println!(
+        "{:<36} {:<16} {:>10} {:>10} {:>10} {:>9} {:>12}",
+        "op", "variant", "median s", "min s", "max s", "GFLOP/s", "err vs ref"
+    );
+    for case in &cases {
+        let want = case.reference()?;
+        let fast_err = rel_err(&case.fast()?, &want)?;
+        let torch_err = match torch.as_mut() {
+            Some(t) => {
+                t.run(case.name)?; // warm-up; writes the output
+                Some(rel_err(&read_f32(&folder.join(format!("{}.torch.f32", case.name)), &want)?, &want)?)
+            }
+            None => None,
+        };
+        let (mut fast, mut plain, mut pt) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..a.runs {
+            fast.push(time(|| case.fast())?);
+            plain.push(time(|| case.reference())?);
+            if let Some(t) = torch.as_mut() {
+                pt.push(t.run(case.name)?);
+            }
+        }
+        let mut rows = vec![("brume fast", stats(&mut fast), format!("{fast_err:.1e}")), ("brume reference", stats(&mut plain), "0".into())];
+        if let Some(e) = torch_err {
+            rows.push(("pytorch", stats(&mut pt), format!("{e:.1e}")));
+        }
+        for (variant, (med, min, max), err) in &rows {
+            println!(
+                "{:<36} {:<16} {:>10.5} {:>10.5} {:>10.5} {:>9.1} {:>12}",
+                case.label,
+                variant,
+                med,
+                min,
+                max,
+                case.flops / med / 1e9,
+                err
+            );
+        }
+        let ratio = |i: usize| rows[0].1 .0 / rows[i].1 .0;
+        match rows.len() {
+            3 => println!("{:<36} fast/reference {:.3}, fast/pytorch {:.3}", "", ratio(1), ratio(2)),
+            _ => println!("{:<36} fast/reference {:.3}", "", ratio(1)),
+        }
+    }
+    drop(torch);
+    if folder.exists() {
+        std::fs::remove_dir_all(&folder).ok();
+    }
+    println!("GFLOP/s: attention 4*h*n_q*n_k*d; group norm nominal 7 per element (+4 for SiLU). err: max|out - ref| / max|ref|.");
+    Ok(())
+}
