@@ -230,12 +230,7 @@ pub fn unet(cfg: &UNetConfig, b: usize, h: usize, w: usize, s: usize, ctx_tokens
         }
         prev = c;
         if i + 1 < n {
-            let up = m.double();
-            sim.alloc(up.ch(c)); // nearest upsample
-            sim.spike(up.ch(c) + cols(c as u64, 3, up.h, up.w));
-            sim.alloc(up.ch(c));
-            sim.free(up.ch(c) + m.ch(c));
-            m = up;
+            m = upsample(&mut sim, m, c);
         }
     }
     sim.spike(group_norm(m.ch(ch[0])).max(2 * m.ch(ch[0]) + cols(ch[0] as u64, 3, m.h, m.w) + m.ch(cfg.out_channels)));
@@ -278,12 +273,7 @@ pub fn vae_decoder(cfg: &AutoencoderKLConfig, b: usize, h: usize, w: usize, s: u
         }
         prev = c;
         if i + 1 < rev.len() {
-            let up = m.double();
-            sim.alloc(up.ch(c));
-            sim.spike(up.ch(c) + cols(c as u64, 3, up.h, up.w));
-            sim.alloc(up.ch(c));
-            sim.free(up.ch(c) + m.ch(c));
-            m = up;
+            m = upsample(&mut sim, m, c);
         }
     }
     sim.spike(group_norm(m.ch(ch[0])).max(2 * m.ch(ch[0]) + cols(ch[0] as u64, 3, m.h, m.w) + m.ch(cfg.out_channels)));
@@ -299,4 +289,15 @@ pub fn text_encoder(cfg: &ClipTextConfig, b: usize, tokens: usize, s: usize) -> 
     let attn = 9 * t + 2 * scores + 4 * n * n;
     let mlp = 3 * t + 2 * b * n * f * s as u64;
     attn.max(mlp)
+}
+
+/// Nearest 2x upsample then its 3x3 conv: the doubled map, the conv's patch
+/// buffer while it runs, its output; the input and the upsampled map are freed.
+fn upsample(sim: &mut Sim, m: Map, c: usize) -> Map {
+    let up = m.double();
+    sim.alloc(up.ch(c));
+    sim.spike(up.ch(c) + cols(c as u64, 3, up.h, up.w));
+    sim.alloc(up.ch(c));
+    sim.free(up.ch(c) + m.ch(c));
+    up
 }
