@@ -1,7 +1,7 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use brume::loading::{Component, Segment};
+use brume::loading::Segment;
 use brume::pipelines::{SdModel, VaeConfig};
 use brume::runtime::memory::{self, mib};
 use candle_core::DType;
@@ -20,15 +20,6 @@ pub struct Args {
     load: bool,
 }
 
-fn segment_prefixes(s: Segment) -> (Component, &'static [&'static str]) {
-    match s {
-        Segment::TextEncoder => (Component::TextEncoder, &[]),
-        Segment::Unet => (Component::Unet, &[]),
-        Segment::VaeEncoder => (Component::Vae, &["encoder.", "quant_conv."]),
-        Segment::VaeDecoder => (Component::Vae, &["decoder.", "post_quant_conv."]),
-    }
-}
-
 pub fn run(mut a: Args) -> anyhow::Result<()> {
     if a.model_pos.is_some() {
         a.model.model = a.model_pos.take();
@@ -39,7 +30,7 @@ pub fn run(mut a: Args) -> anyhow::Result<()> {
     println!("{:<13} {:>14} {:>12}  dtypes", "segment", "parameters", "bytes");
     let mut total = (0usize, 0usize);
     for s in Segment::ALL {
-        let (c, prefixes) = segment_prefixes(s);
+        let (c, prefixes) = s.weights();
         let mut params = 0usize;
         let mut by_dtype: BTreeMap<String, usize> = BTreeMap::new();
         for (name, t) in model.store(c).iter() {

@@ -312,12 +312,6 @@ impl SafetensorsFile {
         let _ = (start, end);
     }
 
-    /// Whether the bytes are a file mapping (not data compiled into the binary):
-    /// only then may their pages be handed back to the OS.
-    pub fn is_file_mapping(&self) -> bool {
-        matches!(self.backing, Backing::Mapped(_))
-    }
-
     /// Size of the mapped file in bytes.
     pub fn file_len(&self) -> usize {
         self.backing.bytes().len()

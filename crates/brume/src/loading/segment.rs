@@ -30,6 +30,23 @@ impl Segment {
             Segment::VaeDecoder => "vae_decoder",
         }
     }
+
+    /// Where the segment's weights live: its component folder, and the tensor-name
+    /// prefixes that pick them out of it (empty: the whole component).
+    pub fn weights(self) -> (Component, &'static [&'static str]) {
+        match self {
+            Segment::TextEncoder => (Component::TextEncoder, &[]),
+            Segment::Unet => (Component::Unet, &[]),
+            Segment::VaeEncoder => (Component::Vae, &["encoder.", "quant_conv."]),
+            Segment::VaeDecoder => (Component::Vae, &["decoder.", "post_quant_conv."]),
+        }
+    }
+
+    /// Whether the tensor `name` of the segment's component belongs to it.
+    pub fn owns(self, name: &str) -> bool {
+        let (_, prefixes) = self.weights();
+        prefixes.is_empty() || prefixes.iter().any(|p| name.starts_with(p))
+    }
 }
 
 impl fmt::Display for Segment {

@@ -12,7 +12,7 @@ use candle_core::DType;
 use super::sim;
 use super::strategy::{Residency, Strategy, VaeDecode};
 use crate::loading::safetensors::StoredDType;
-use crate::loading::{Component, Segment};
+use crate::loading::Segment;
 use crate::models::{ClipTextConfig, UNetConfig};
 use crate::pipelines::{SdModel, VaeConfig};
 
@@ -63,21 +63,12 @@ impl SegmentWeights {
     }
 }
 
-fn prefixes(seg: Segment) -> (Component, &'static [&'static str]) {
-    match seg {
-        Segment::TextEncoder => (Component::TextEncoder, &[]),
-        Segment::Unet => (Component::Unet, &[]),
-        Segment::VaeEncoder => (Component::Vae, &["encoder.", "quant_conv."]),
-        Segment::VaeDecoder => (Component::Vae, &["decoder.", "post_quant_conv."]),
-    }
-}
-
 /// How a segment's weights will be held when computing in `dtype` on the CPU:
 /// f32 matrices and kernels (rank >= 2) stored as f32 are used in place; every
 /// other floating tensor is materialised in the compute dtype (the rule
 /// `layers::Param::load` applies).
 pub fn segment_weights(model: &SdModel, seg: Segment, dtype: DType) -> SegmentWeights {
-    let (component, prefixes) = prefixes(seg);
+    let (component, prefixes) = seg.weights();
     let mut w = SegmentWeights::default();
     for (name, t) in model.store(component).iter() {
         if !prefixes.is_empty() && !prefixes.iter().any(|p| name.starts_with(p)) {

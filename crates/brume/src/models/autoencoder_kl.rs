@@ -11,7 +11,7 @@ use super::config::ConfigReader;
 use super::resnet::{Downsample2D, ResnetBlock2D, ResnetConfig, Upsample2D};
 use crate::error::LoadError;
 use crate::layers::{Activation, Conv2d, Conv2dConfig, GroupNorm};
-use crate::loading::{Loader, WeightStore, Weights};
+use crate::loading::{Loader, Segment, WeightStore, Weights};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct AutoencoderKLConfig {
@@ -171,7 +171,7 @@ impl VaeEncoder {
     pub fn load(store: &WeightStore, cfg: &AutoencoderKLConfig, device: &Device, dtype: DType) -> Result<Self, LoadError> {
         let loader = store.loader("vae encoder (AutoencoderKL)", device, dtype);
         let model = Self::from_loader(&loader, cfg)?;
-        loader.finish(&["encoder.", "quant_conv."])?;
+        loader.finish(Segment::VaeEncoder.weights().1)?;
         Ok(model)
     }
 
@@ -257,7 +257,7 @@ impl VaeDecoder {
     pub fn load(store: &WeightStore, cfg: &AutoencoderKLConfig, device: &Device, dtype: DType) -> Result<Self, LoadError> {
         let loader = store.loader("vae decoder (AutoencoderKL)", device, dtype);
         let model = Self::from_loader(&loader, cfg)?;
-        loader.finish(&["decoder.", "post_quant_conv."])?;
+        loader.finish(Segment::VaeDecoder.weights().1)?;
         Ok(model)
     }
 

@@ -152,6 +152,14 @@ fn scheduler_folder_for(unet: &str) -> Option<String> {
     unet.strip_prefix("unet_").map(|suffix| format!("scheduler_{suffix}"))
 }
 
+/// The folder a component is read from: its own, or the chosen UNet folder.
+fn component_folder(c: Component, unet_folder: &str) -> &str {
+    match c {
+        Component::Unet => unet_folder,
+        _ => c.folder(),
+    }
+}
+
 /// A UNet folder name must be a plain subfolder name: no separators, no `..`.
 fn check_unet_folder(root: &Path, unet: &str) -> Result<(), LoadError> {
     let plain = !unet.is_empty() && unet != "." && unet != ".." && !unet.contains(['/', '\\']);
@@ -252,7 +260,7 @@ impl SdModel {
         };
         let mut stores = BTreeMap::new();
         for c in [Component::TextEncoder, Component::Unet, Component::Vae] {
-            let folder = if c == Component::Unet { unet_folder.as_str() } else { c.folder() };
+            let folder = component_folder(c, &unet_folder);
             stores.insert(c, open_component(&path.join(folder), variant)?);
         }
         let mut model = Self::from_parts(
@@ -310,7 +318,7 @@ impl SdModel {
         let schedule = ScheduleConfig::from_reader(&text(&format!("{sched_dir}/scheduler_config.json"))?)?;
         let mut stores = BTreeMap::new();
         for c in [Component::TextEncoder, Component::Unet, Component::Vae] {
-            let folder = if c == Component::Unet { unet_folder.as_str() } else { c.folder() };
+            let folder = component_folder(c, &unet_folder);
             let mut store = WeightStore::new(label(folder));
             let prefix = format!("{folder}/");
             for f in files.iter().filter(|f| f.path.starts_with(&prefix) && f.path.ends_with(".safetensors")) {
@@ -403,27 +411,18 @@ impl SdModel {
 
     /// Bytes on disk of a segment's weights.
     pub fn segment_bytes(&self, s: Segment) -> usize {
-        match s {
-            Segment::TextEncoder => self.store(Component::TextEncoder).nbytes(&[]),
-            Segment::Unet => self.store(Component::Unet).nbytes(&[]),
-            Segment::VaeEncoder => self.store(Component::Vae).nbytes(&["encoder.", "quant_conv."]),
-            Segment::VaeDecoder => self.store(Component::Vae).nbytes(&["decoder.", "post_quant_conv."]),
-        }
+        let (component, prefixes) = s.weights();
+        self.store(component).nbytes(prefixes)
     }
 
     /// Hands the resident pages of a dropped segment's mapped weights back to the
     /// OS, so sequential loading lowers RSS as well as private memory. Call only
     /// once the segment's modules are dropped (the pages would just fault back in).
+    /// Weights compiled into the executable are left alone.
     pub fn release(&self, s: Segment) {
-        let (component, prefixes): (Component, &[&str]) = match s {
-            Segment::TextEncoder => (Component::TextEncoder, &[]),
-            Segment::Unet => (Component::Unet, &[]),
-            Segment::VaeEncoder => (Component::Vae, &["encoder.", "quant_conv."]),
-            Segment::VaeDecoder => (Component::Vae, &["decoder.", "post_quant_conv."]),
-        };
-        for (name, t) in self.store(component).iter() {
-            if t.file.is_file_mapping() && (prefixes.is_empty() || prefixes.iter().any(|p| name.starts_with(p))) {
-                crate::runtime::memory::release_mapped(t.bytes());
+        for (name, t) in self.store(s.weights().0).iter() {
+            if s.owns(name) {
+                t.release_pages();
             }
         }
         tracing::debug!(segment = %s, "released mapped pages");

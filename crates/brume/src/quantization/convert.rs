@@ -67,7 +67,7 @@ fn destination(component: Component, name: &str, unet_folder: &str) -> (String, 
     match component {
         Component::TextEncoder => ("text_encoder/model.safetensors".into(), Segment::TextEncoder),
         Component::Unet => (format!("{unet_folder}/diffusion_pytorch_model.safetensors"), Segment::Unet),
-        Component::Vae if name.starts_with("encoder.") || name.starts_with("quant_conv.") => {
+        Component::Vae if Segment::VaeEncoder.owns(name) => {
             ("vae/vae_encoder.safetensors".into(), Segment::VaeEncoder)
         }
         Component::Vae => ("vae/vae_decoder.safetensors".into(), Segment::VaeDecoder),

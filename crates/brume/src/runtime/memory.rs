@@ -80,30 +80,6 @@ impl PeakWatch {
     }
 }
 
-/// Hands a mapped byte range's resident pages back to the OS (they are clean:
-/// re-read from the file if touched again). Used when a segment is dropped so
-/// its weights stop counting in RSS; a no-op where the OS offers no such call.
-pub fn release_mapped(bytes: &[u8]) {
-    #[cfg(unix)]
-    {
-        let page = 4096usize;
-        let start = bytes.as_ptr() as usize;
-        let aligned = start.div_ceil(page) * page;
-        let end = (start + bytes.len()) / page * page;
-        if end > aligned {
-            // SAFETY: the range lies inside a live read-only private file mapping;
-            // MADV_DONTNEED on such a mapping only drops page-table entries, and
-            // later reads fault the unchanged file contents back in.
-            let rc = unsafe { libc::madvise(aligned as *mut libc::c_void, end - aligned, libc::MADV_DONTNEED) };
-            if rc != 0 {
-                tracing::debug!("madvise(MADV_DONTNEED) failed: {}", std::io::Error::last_os_error());
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = bytes;
-}
-
 /// Makes freed tensor memory go back to the OS at once. glibc's allocator
 /// serves requests under a threshold (which grows with use, up to 32 MiB) from
 /// heaps it keeps after `free`, so a process that has run a model holds on to
