@@ -14,15 +14,21 @@ use crate::memory::{Checkpoint, VaeDecode};
 /// Decodes scaled latents [B, C, h, w] to images in [0, 1], as diffusers'
 /// pipelines do (`latents / scaling_factor + shift_factor`, then `x / 2 + 0.5` clamped).
 pub fn decode(model: &SdModel, latents: &Tensor, opts: &RunOptions, progress: ProgressFn) -> Result<Tensor> {
+    let dec = load_decoder(model, opts, progress)?;
+    let out = decode_with(&dec, model, latents, opts);
+    drop(dec);
+    opts.done_with(model, Segment::VaeDecoder);
+    out
+}
+
+/// Loads the VAE decoder segment (dropped by the caller when done).
+pub fn load_decoder(model: &SdModel, opts: &RunOptions, progress: ProgressFn) -> Result<AnyVaeDecoder> {
     opts.check(Checkpoint::BeforeSegment(Segment::VaeDecoder))?;
     let dec = model.vae_decoder(&opts.device, opts.dtype)?;
     if progress(&Progress::Loaded(Segment::VaeDecoder)) == Flow::Cancel {
         return Err(RunError::Cancelled);
     }
-    let out = decode_with(&dec, model, latents, opts);
-    drop(dec);
-    opts.done_with(model, Segment::VaeDecoder);
-    out
+    Ok(dec)
 }
 
 /// [`decode`] with a decoder already loaded.

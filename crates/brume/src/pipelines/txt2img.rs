@@ -6,7 +6,7 @@
 use candle_core::Tensor;
 
 use super::conditioning::{conditioning, ConditioningCache};
-use super::decode::{decode, decode_with};
+use super::decode::{decode, decode_with, load_decoder};
 use super::denoise::{denoise, load_unet, RunOptions};
 use super::model::SdModel;
 use super::request::{GenerationRequest, Generated, ProgressFn};
@@ -56,12 +56,3 @@ pub fn txt2img(
     Ok(Generated { image, latents })
 }
 
-/// Loads the VAE decoder to keep (all-resident runs).
-fn load_decoder(model: &SdModel, opts: &RunOptions, progress: ProgressFn) -> Result<super::AnyVaeDecoder> {
-    opts.check(Checkpoint::BeforeSegment(Segment::VaeDecoder))?;
-    let dec = model.vae_decoder(&opts.device, opts.dtype)?;
-    if progress(&super::Progress::Loaded(Segment::VaeDecoder)) == super::Flow::Cancel {
-        return Err(RunError::Cancelled);
-    }
-    Ok(dec)
-}
