@@ -233,7 +233,7 @@ pub fn precision(a: PrecisionArgs) -> anyhow::Result<()> {
         let image = image::open(&image_path).with_context(|| format!("reading {}", image_path.display()))?.to_rgb8();
         let adherence = if builtin && a.adherence > 0 {
             eprintln!("judging {} held-out prompts with {tier} ...", a.adherence);
-            let kind = brume::samplers::SamplerKind::from_config(&model.schedule)?;
+            let kind = model.sampler_kind(None)?;
             let steps = a.adherence_steps.unwrap_or(super::eval::default_steps(kind));
             let (scores, _) = super::eval::judge_held_out(&model, a.adherence, steps, 5.0, kind, &brume::pipelines::RunOptions::default())?;
             eprintln!();

@@ -108,10 +108,9 @@ fn showcase(a: ShowcaseArgs) -> anyhow::Result<()> {
     let mut samplers_row = Vec::new();
     for &kind in SamplerKind::ALL {
         // Few-step samplers are shown at the step counts they are made for.
-        let few_step = matches!(kind, SamplerKind::Lcm | SamplerKind::Tcd);
-        let steps = if few_step { 4 } else { a.steps };
+        let steps = if kind.is_few_step() { 4 } else { a.steps };
         let m = match &distilled {
-            Some(d) if few_step => d,
+            Some(d) if kind.is_few_step() => d,
             _ => &model,
         };
         let req = GenerationRequest { sampler: Some(kind), steps, ..base.clone() };
@@ -178,9 +177,10 @@ fn showcase(a: ShowcaseArgs) -> anyhow::Result<()> {
 
 /// Adherence steps when none are given: 4 for the few-step samplers, else 25.
 pub fn default_steps(kind: SamplerKind) -> usize {
-    match kind {
-        SamplerKind::Lcm | SamplerKind::Tcd => 4,
-        _ => 25,
+    if kind.is_few_step() {
+        4
+    } else {
+        25
     }
 }
 
@@ -241,10 +241,7 @@ fn adherence(a: AdherenceArgs) -> anyhow::Result<()> {
     let model = a.model.open()?;
     let size = model.default_size();
     let sampler = a.sampler.as_deref().map(SamplerKind::parse).transpose()?;
-    let kind = match sampler {
-        Some(k) => k,
-        None => SamplerKind::from_config(&model.schedule)?,
-    };
+    let kind = model.sampler_kind(sampler)?;
     let steps = a.steps.unwrap_or(default_steps(kind));
     let start = Instant::now();
     let probe = GenerationRequest { steps, guidance_scale: a.guidance, ..GenerationRequest::new("", size) };

@@ -82,10 +82,7 @@ impl GenArgs {
         };
         let size = model.default_size();
         let sampler = self.sampler.as_deref().map(SamplerKind::parse).transpose()?;
-        let kind = match sampler {
-            Some(k) => k,
-            None => SamplerKind::from_config(&model.schedule)?,
-        };
+        let kind = model.sampler_kind(sampler)?;
         Ok(GenerationRequest {
             prompt,
             negative_prompt: self.negative_prompt.clone(),
@@ -125,9 +122,10 @@ impl GenArgs {
 
 /// Distilled samplers are made for a handful of steps; the rest for about twenty.
 pub fn default_steps(kind: SamplerKind) -> usize {
-    match kind {
-        SamplerKind::Lcm | SamplerKind::Tcd => 4,
-        _ => 20,
+    if kind.is_few_step() {
+        4
+    } else {
+        20
     }
 }
 

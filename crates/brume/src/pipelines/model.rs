@@ -15,7 +15,7 @@ use crate::models::{
     AutoencoderKLConfig, AutoencoderTinyConfig, ClipTextConfig, ClipTextModel, LatentDistribution, TinyDecoder,
     TinyEncoder, UNet2DConditionModel, UNetConfig, VaeDecoder, VaeEncoder,
 };
-use crate::samplers::ScheduleConfig;
+use crate::samplers::{SamplerKind, ScheduleConfig};
 
 /// Which VAE the model uses.
 #[derive(Debug, Clone, PartialEq)]
@@ -450,6 +450,14 @@ impl SdModel {
             VaeConfig::Kl(c) => AnyVaeDecoder::Kl(VaeDecoder::load(store, c, device, dtype)?),
             VaeConfig::Tiny(c) => AnyVaeDecoder::Tiny(TinyDecoder::load(store, c, device, dtype)?),
         })
+    }
+
+    /// `choice`, else the sampler the model's own scheduler config names.
+    pub fn sampler_kind(&self, choice: Option<SamplerKind>) -> Result<SamplerKind, crate::error::RunError> {
+        match choice {
+            Some(k) => Ok(k),
+            None => SamplerKind::from_config(&self.schedule),
+        }
     }
 
     /// Default output size: the UNet's `sample_size` in pixels (512 for SD 1.5).

@@ -52,10 +52,7 @@ impl GenerationRequest {
 
     /// The sampler to use: the requested one, else the model's own.
     pub fn sampler_kind(&self, model: &SdModel) -> Result<SamplerKind> {
-        match self.sampler {
-            Some(k) => Ok(k),
-            None => SamplerKind::from_config(&model.schedule),
-        }
+        model.sampler_kind(self.sampler)
     }
 
     /// The sampler configured over the model's schedule for these steps.

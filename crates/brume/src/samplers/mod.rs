@@ -155,6 +155,11 @@ impl SamplerKind {
         SamplerKind::Tcd,
     ];
 
+    /// Samplers made for distilled models (LCM, TCD): a handful of steps, not twenty.
+    pub fn is_few_step(self) -> bool {
+        matches!(self, SamplerKind::Lcm | SamplerKind::Tcd)
+    }
+
     pub fn cli_name(self) -> &'static str {
         match self {
             SamplerKind::Ddim => "ddim",
