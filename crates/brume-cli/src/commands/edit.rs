@@ -47,12 +47,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
                 }
                 Ok(Some(f.path.clone()))
             };
-            if g.model.model.is_none() {
-                g.model.model = Some(r.model_path.clone());
-            }
-            if g.model.unet.is_none() && g.model.model.as_ref() == Some(&r.model_path) {
-                g.model.unet = r.unet.clone();
-            }
+            g.model.follow(r);
             (check(&r.image)?, check(&r.mask)?, r.extend.map(|e| e.to_vec()), r.strength, r.feather.unwrap_or(a.feather))
         }
         None => (a.image.clone(), a.mask.clone(), a.extend.clone(), a.strength, a.feather),

@@ -27,12 +27,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         if r.mode != Mode::Txt2img {
             bail!("{} was made by `brume edit` ({:?}); re-create it with `brume edit --from`", g.from.as_ref().map(|p| p.display().to_string()).unwrap_or_default(), r.mode);
         }
-        if g.model.model.is_none() {
-            g.model.model = Some(r.model_path.clone());
-        }
-        if g.model.unet.is_none() && g.model.model.as_ref() == Some(&r.model_path) {
-            g.model.unet = r.unet.clone();
-        }
+        g.model.follow(r);
     }
     let report = super::memory::Report::start(g.memory.memory_report);
     let model = g.model.open()?;

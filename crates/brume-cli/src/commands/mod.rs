@@ -48,6 +48,17 @@ impl ModelArgs {
         }
     }
 
+    /// Fills in the model (and UNet folder) a recipe was made with, where the
+    /// command line does not name one: `--from` re-creates with the same weights.
+    pub fn follow(&mut self, r: &brume::pipelines::recipe::Recipe) {
+        if self.model.is_none() {
+            self.model = Some(r.model_path.clone());
+        }
+        if self.unet.is_none() && self.model.as_ref() == Some(&r.model_path) {
+            self.unet = r.unet.clone();
+        }
+    }
+
     /// The chosen model: `--model`, else `$BRUME_BUILTIN_MODEL` (a folder), else
     /// the model compiled into this executable.
     pub fn open(&self) -> anyhow::Result<SdModel> {
