@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use anyhow::bail;
+use anyhow::{bail, Context};
 use brume::models::attention::{CrossContext, KvCache};
 use brume::pipelines::conditioning::{conditioning, ConditioningCache};
 use brume::pipelines::{Flow, GenerationRequest};
@@ -58,9 +58,17 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
     }
 }
 
-fn median(v: &mut [f64]) -> f64 {
+/// Median, fastest and slowest of repeated timings (what every bench table
+/// reports); `None` when there are none.
+pub fn spread(v: &[f64]) -> Option<(f64, f64, f64)> {
+    let mut v = v.to_vec();
     v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
+    Some((*v.get(v.len() / 2)?, *v.first()?, *v.last()?))
+}
+
+/// The median of repeated timings; `None` when there are none.
+pub fn median(v: &[f64]) -> Option<f64> {
+    spread(v).map(|(m, _, _)| m)
 }
 
 fn kv_cache(a: KvArgs) -> anyhow::Result<()> {
@@ -116,7 +124,7 @@ fn kv_cache(a: KvArgs) -> anyhow::Result<()> {
     drop(first);
     let ctx_dim = model.unet_config.cross_attention_dim[0];
     let flops = kv.projection_flops(ctx_dim);
-    let (w, wo) = (median(&mut with), median(&mut without));
+    let (w, wo) = (median(&with).context("no timed steps")?, median(&without).context("no timed steps")?);
     println!("conditioning cache at {0}x{0}, {1} cross-attention layers, {2} UNet branch(es), model {3}", a.size, kv.layers(), branches, model.name);
     println!("{:<44} {:>14} {:>14}", "", "uncached", "cached");
     println!("{:<44} {:>14.3} {:>14.3}", "K/V projection GFLOP per step", flops as f64 / 1e9, 0.0);

@@ -15,6 +15,8 @@ use brume::kernels::group_norm::group_norm;
 use brume::layers::{attention_reference, Activation, AttentionMask, GroupNorm};
 use candle_core::{Device, Tensor};
 
+use super::bench::spread;
+
 #[derive(clap::Args, Debug)]
 pub struct KernelArgs {
     /// Timed runs per variant (after one warm-up), alternated between the variants.
@@ -200,11 +202,6 @@ fn rel_err(got: &Tensor, want: &Tensor) -> anyhow::Result<f32> {
     Ok(diff / want.abs()?.max_all()?.to_scalar::<f32>()?.max(f32::MIN_POSITIVE))
 }
 
-fn stats(v: &mut [f64]) -> (f64, f64, f64) {
-    v.sort_by(|a, b| a.total_cmp(b));
-    (v[v.len() / 2], v[0], v[v.len() - 1])
-}
-
 fn time(f: impl FnOnce() -> candle_core::Result<Tensor>) -> anyhow::Result<f64> {
     let t = Instant::now();
     drop(f()?);
@@ -253,7 +250,7 @@ pub fn run(a: KernelArgs) -> anyhow::Result<()> {
             }
             None => None,
         };
-        let (mut fast, mut plain, mut pt) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut fast, mut plain, mut pt): (Vec<f64>, Vec<f64>, Vec<f64>) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..a.runs {
             fast.push(time(|| case.fast())?);
             plain.push(time(|| case.reference())?);
@@ -261,9 +258,10 @@ pub fn run(a: KernelArgs) -> anyhow::Result<()> {
                 pt.push(t.run(case.name)?);
             }
         }
-        let mut rows = vec![("brume fast", stats(&mut fast), format!("{fast_err:.1e}")), ("brume reference", stats(&mut plain), "0".into())];
+        let timed = |v: &[f64]| spread(v).context("no timed runs");
+        let mut rows = vec![("brume fast", timed(&fast)?, format!("{fast_err:.1e}")), ("brume reference", timed(&plain)?, "0".into())];
         if let Some(e) = torch_err {
-            rows.push(("pytorch", stats(&mut pt), format!("{e:.1e}")));
+            rows.push(("pytorch", timed(&pt)?, format!("{e:.1e}")));
         }
         for (variant, (med, min, max), err) in &rows {
             println!(

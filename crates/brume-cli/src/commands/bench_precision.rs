@@ -9,8 +9,6 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
@@ -80,34 +78,6 @@ struct RunReport {
     peak_private_dirty: Option<u64>,
 }
 
-/// Largest private-dirty reading, sampled every 20 ms on a thread of its own
-/// (the VAE decoder's peak falls between progress reports).
-struct DirtySampler {
-    stop: Arc<AtomicBool>,
-    handle: std::thread::JoinHandle<u64>,
-}
-
-impl DirtySampler {
-    fn start() -> Self {
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = stop.clone();
-        let handle = std::thread::spawn(move || {
-            let mut peak = 0u64;
-            while !flag.load(Ordering::Relaxed) {
-                peak = peak.max(memory::read().private_dirty.unwrap_or(0));
-                std::thread::sleep(std::time::Duration::from_millis(20));
-            }
-            peak
-        });
-        Self { stop, handle }
-    }
-
-    fn finish(self) -> u64 {
-        self.stop.store(true, Ordering::Relaxed);
-        self.handle.join().unwrap_or(0)
-    }
-}
-
 /// Generates one image, timing UNet steps and sampling memory throughout.
 pub fn run_child(a: RunArgs) -> anyhow::Result<()> {
     let model = SdModel::open(&a.model, &OpenOptions::default())?;
@@ -120,7 +90,8 @@ pub fn run_child(a: RunArgs) -> anyhow::Result<()> {
     };
     let mut report = RunReport::default();
     let mut last: Option<Instant> = None;
-    let sampler = DirtySampler::start();
+    // The VAE decoder's peak falls between progress reports: sample on a thread.
+    let watch = memory::PeakWatch::start(std::time::Duration::from_millis(20));
     let mut noise = noise_source(req.rng, req.seed);
     let out = txt2img(&model, &req, &RunOptions::default(), noise.as_mut(), None, &mut |p| {
         match p {
@@ -135,19 +106,12 @@ pub fn run_child(a: RunArgs) -> anyhow::Result<()> {
         }
         Flow::Continue
     })?;
-    let peak_dirty = sampler.finish();
+    let (_, peak_dirty) = watch.finish();
     save_png(&to_rgb8(&out.image)?, &a.image, None).with_context(|| format!("writing {}", a.image.display()))?;
-    let m = memory::read();
-    report.peak_rss = m.peak_rss;
-    report.peak_private_dirty = Some(peak_dirty).filter(|&d| d > 0);
+    report.peak_rss = memory::read().peak_rss;
+    report.peak_private_dirty = peak_dirty;
     println!("{}", serde_json::to_string(&report)?);
     Ok(())
-}
-
-fn median(v: &[f64]) -> Option<f64> {
-    let mut v = v.to_vec();
-    v.sort_by(|a, b| a.total_cmp(b));
-    v.get(v.len() / 2).copied()
 }
 
 /// PSNR in dB between two 8-bit images of one size.
@@ -267,7 +231,7 @@ pub fn precision(a: PrecisionArgs) -> anyhow::Result<()> {
             total as f64 / (1024.0 * 1024.0),
             mib_opt(r.report.peak_rss),
             mib_opt(r.report.peak_private_dirty),
-            median(&r.report.step_seconds).map(|s| format!("{s:.3}")).unwrap_or_else(|| "-".into()),
+            super::bench::median(&r.report.step_seconds).map(|s| format!("{s:.3}")).unwrap_or_else(|| "-".into()),
             p
         );
     }
