@@ -96,10 +96,8 @@ impl MemoryArgs {
             Some((i, _)) => (profiles[*i].clone(), Some(variant_models.swap_remove(*i))),
             None => (profile, None),
         };
-        let run_shape = match plan.size {
-            brume::memory::RunSize::Requested => shape,
-            brume::memory::RunSize::Reduced { width, height, .. } => RequestShape { width, height, ..shape },
-        };
+        let (width, height) = plan.run_size((shape.width, shape.height));
+        let run_shape = RequestShape { width, height, ..shape };
         let probe_budget = budget.clone();
         let guard = Guard::new(run_profile, run_shape, plan.strategy, Box::new(move || probe_budget.refreshed()));
         let opts = RunOptions { strategy: plan.strategy, guard: Some(Rc::new(guard)), ..RunOptions::default() };
@@ -130,10 +128,7 @@ pub fn fixed_strategy(name: &str, profile: &ModelProfile, shape: &RequestShape, 
 impl PlannedRun {
     /// The size to generate at (smaller than requested after a resolution fallback).
     pub fn run_size(&self, req: &GenerationRequest) -> (usize, usize) {
-        match self.plan.size {
-            brume::memory::RunSize::Requested => (req.width, req.height),
-            brume::memory::RunSize::Reduced { width, height, .. } => (width, height),
-        }
+        self.plan.run_size((req.width, req.height))
     }
 
     /// What the recipe records: the plan and its fallbacks, and any fallback

@@ -10,7 +10,7 @@ use std::cell::{Cell, RefCell};
 
 use super::estimate::{estimate, Estimate, ModelProfile, RequestShape};
 use super::planner::{cheapest_attention, cheapest_tiles};
-use super::strategy::{AttentionMode, Strategy, VaeDecode};
+use super::strategy::{Strategy, VaeDecode};
 use crate::error::RunError;
 use crate::loading::Segment;
 use crate::runtime::budget::Budget;
@@ -116,11 +116,6 @@ impl Guard {
             });
         }
         Ok(s)
-    }
-
-    /// The attention mode for the next step, after checking headroom.
-    pub fn before_step(&self, step: usize) -> Result<AttentionMode, RunError> {
-        Ok(self.check(Checkpoint::BeforeStep(step))?.attention)
     }
 
     fn note(&self, line: String) {

@@ -83,6 +83,15 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// The size to generate at for a request of `requested` (width, height):
+    /// smaller than asked after a resolution fallback.
+    pub fn run_size(&self, requested: (usize, usize)) -> (usize, usize) {
+        match self.size {
+            RunSize::Requested => requested,
+            RunSize::Reduced { width, height, .. } => (width, height),
+        }
+    }
+
     /// The fallbacks taken, least lossy first; empty for the plain path.
     pub fn fallbacks(&self) -> Vec<String> {
         let mut f = Vec::new();
