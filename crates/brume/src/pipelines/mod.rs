@@ -20,5 +20,6 @@ pub use denoise::{Inpainting, RunOptions};
 pub use img2img::img2img;
 pub use inpaint::{inpaint, outpaint_canvas, PasteBack};
 pub use model::{AnyVaeDecoder, AnyVaeEncoder, EmbeddedFile, OpenOptions, SdModel, VaeConfig, EMBEDDED_ROOT};
+pub use model::scheduler_folder_for;
 pub use request::{Flow, GenerationRequest, Generated, Progress, ProgressFn};
 pub use txt2img::txt2img;

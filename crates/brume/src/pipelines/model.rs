@@ -148,7 +148,7 @@ pub struct OpenOptions {
 }
 
 /// The scheduler folder that belongs to a UNet folder: `unet_lcm` -> `scheduler_lcm`.
-fn scheduler_folder_for(unet: &str) -> Option<String> {
+pub fn scheduler_folder_for(unet: &str) -> Option<String> {
     unet.strip_prefix("unet_").map(|suffix| format!("scheduler_{suffix}"))
 }
 

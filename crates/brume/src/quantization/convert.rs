@@ -186,7 +186,7 @@ fn copy_configs(configs: ConfigSource<'_>, dir: &Path, unet_folder: &str) -> Res
         }
         ConfigSource::Folder(root) => {
             let mut wanted = vec!["model_index.json".to_string()];
-            let unet_scheduler = unet_folder.strip_prefix("unet_").map(|s| format!("scheduler_{s}"));
+            let unet_scheduler = crate::pipelines::scheduler_folder_for(unet_folder);
             let subs = ["text_encoder", "vae", "scheduler", "tokenizer", unet_folder];
             for sub in subs.iter().copied().chain(unet_scheduler.as_deref()) {
                 let Ok(rd) = std::fs::read_dir(root.join(sub)) else {
