@@ -7,6 +7,7 @@ use brume::pipelines::recipe::{InputFile, Mode, Recipe};
 use brume::pipelines::{img2img, inpaint, outpaint_canvas, PasteBack};
 use brume::samplers::noise_source;
 
+use super::memory::Job;
 use super::run::{cancel_flag, finish, progress_reporter, save_batch, GenArgs};
 
 #[derive(clap::Args, Debug)]
@@ -108,7 +109,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     recipe.extend = extend.as_ref().map(|e| [e[0], e[1], e[2], e[3]]);
     recipe.feather = (mode != Mode::Img2img).then_some(feather);
 
-    let planned = g.memory.plan(&model, &req, true)?;
+    let planned = g.memory.plan(&model, &req, Job::Edit)?;
     let opts = planned.opts.clone();
     let model = planned.variant.as_ref().unwrap_or(&model);
     let mut noise = noise_source(req.rng, req.seed);

@@ -10,6 +10,7 @@ use brume::pipelines::image_io::{save_png, to_rgb8};
 use brume::pipelines::{txt2img, Flow, GenerationRequest};
 use brume::samplers::{noise_source, RngKind, SamplerKind};
 
+use super::memory::Job;
 use super::{MemoryArgs, ModelArgs};
 
 #[derive(clap::Subcommand, Debug)]
@@ -103,7 +104,7 @@ fn showcase(a: ShowcaseArgs) -> anyhow::Result<()> {
         None
     };
     // Every picture of the sheet has the native size; the edits need the VAE encoder too.
-    let opts = a.memory.plan(&model, &base, true)?.opts;
+    let opts = a.memory.plan(&model, &base, Job::Edit)?.opts;
     let mut listing = String::new();
     let mut samplers_row = Vec::new();
     for &kind in SamplerKind::ALL {
@@ -245,8 +246,7 @@ fn adherence(a: AdherenceArgs) -> anyhow::Result<()> {
     let steps = a.steps.unwrap_or(default_steps(kind));
     let start = Instant::now();
     let probe = GenerationRequest { steps, guidance_scale: a.guidance, ..GenerationRequest::new("", size) };
-    // The judge needs the native size: no resolution fallback (planned as an edit would be).
-    let opts = a.memory.plan(&model, &probe, true)?.opts;
+    let opts = a.memory.plan(&model, &probe, Job::GenerateAtSize)?.opts;
     let (scores, tiles) = judge_held_out(&model, a.count, steps, a.guidance, kind, &opts)?;
     let (tally, all_correct) = (scores.attributes, scores.all_correct);
     let prompts = scores.prompts;

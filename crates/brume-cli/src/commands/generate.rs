@@ -6,6 +6,7 @@ use brume::memory::{ReducedOutput, RunSize};
 use brume::pipelines::txt2img;
 use brume::samplers::noise_source;
 
+use super::memory::Job;
 use super::run::{cancel_flag, finish, progress_reporter, save_batch, GenArgs};
 
 #[derive(clap::Args, Debug)]
@@ -44,7 +45,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let paths = g.outputs(req.batch)?;
     let kind = req.sampler_kind(&model)?;
     let mut recipe = Recipe::new(Mode::Txt2img, &req, kind, &model);
-    let planned = g.memory.plan(&model, &req, false)?;
+    let planned = g.memory.plan(&model, &req, Job::Generate)?;
     let run_model = planned.variant.as_ref().unwrap_or(&model);
     let (run_w, run_h) = planned.run_size(&req);
     let mut noise = noise_source(req.rng, req.seed);

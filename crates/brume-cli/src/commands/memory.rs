@@ -40,6 +40,30 @@ pub struct MemoryArgs {
     pub memory_report: bool,
 }
 
+/// What a planned command does, which decides what the plan may change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Job {
+    /// txt2img at the requested size, or smaller if the user's
+    /// `--resolution-fallback` allows it.
+    Generate,
+    /// txt2img that must keep the requested size (the judge of `eval adherence`
+    /// needs the native size): no resolution fallback.
+    GenerateAtSize,
+    /// img2img / inpaint / outpaint: the VAE encoder runs too, the size is the
+    /// input picture's, and the pipelines load segment by segment.
+    Edit,
+}
+
+impl Job {
+    fn encodes_image(self) -> bool {
+        self == Job::Edit
+    }
+
+    fn keeps_size(self) -> bool {
+        self != Job::Generate
+    }
+}
+
 /// A planned run: the options to pass to a pipeline, and the model to run
 /// (the requested one, or a lower-precision variant the plan chose).
 pub struct PlannedRun {
@@ -57,13 +81,13 @@ impl MemoryArgs {
     /// it took (stderr), and returns run options carrying the plan and a guard.
     /// Refuses (an error naming the budget and the smallest need) before any
     /// weight is loaded when nothing fits.
-    pub fn plan(&self, model: &SdModel, req: &GenerationRequest, encodes_image: bool) -> anyhow::Result<PlannedRun> {
+    pub fn plan(&self, model: &SdModel, req: &GenerationRequest, job: Job) -> anyhow::Result<PlannedRun> {
+        let encodes_image = job.encodes_image();
         let budget = self.budget()?;
         let dtype = DType::F32;
         let profile = ModelProfile::of(model, dtype);
         let shape = RequestShape { batch: req.batch, guided: req.guided(model), width: req.width, height: req.height, encodes_image };
-        // An edit's size is the input picture's: never change it.
-        let resolution = if encodes_image { ResolutionFallback::Off } else { ResolutionFallback::parse(&self.resolution_fallback)? };
+        let resolution = if job.keeps_size() { ResolutionFallback::Off } else { ResolutionFallback::parse(&self.resolution_fallback)? };
         let mut variant_models = Vec::new();
         for dir in &self.precision_variant {
             let m = SdModel::open(dir, &OpenOptions::default()).with_context(|| format!("opening precision variant {}", dir.display()))?;
