@@ -7,6 +7,11 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// Counts heap bytes so that memory reports carry the exact private-memory
+/// peak, not only what a sampler happened to see.
+#[global_allocator]
+static ALLOCATOR: brume::runtime::memory::CountingAllocator = brume::runtime::memory::CountingAllocator;
+
 #[derive(Parser)]
 #[command(name = "brume", version, about = "Offline, on-device latent diffusion")]
 struct Cli {

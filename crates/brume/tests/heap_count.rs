@@ -1,0 +1,49 @@
+//! The counting allocator gives memory reports the exact private-memory peak:
+//! an allocation that lives far shorter than the sampling interval still counts.
+
+use std::time::Duration;
+
+use brume::runtime::memory::{heap, CountingAllocator, PeakWatch};
+
+#[global_allocator]
+static ALLOCATOR: CountingAllocator = CountingAllocator;
+
+const MIB: u64 = 1 << 20;
+
+/// The counters are process-wide: the tests take turns.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+#[test]
+fn a_spike_between_samples_is_in_the_peak() {
+    let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (live_before, _) = heap().expect("the counting allocator is installed");
+    // One sample at the start, the next after an hour: only the count can see the spike.
+    let watch = PeakWatch::start(Duration::from_secs(3600));
+    std::thread::sleep(Duration::from_millis(50));
+    {
+        let spike = vec![1u8; (64 * MIB) as usize];
+        std::hint::black_box(&spike);
+    }
+    let (live_after, peak) = heap().unwrap();
+    assert!(peak >= live_before + 64 * MIB, "heap peak {peak} misses the 64 MiB spike (live before {live_before})");
+    assert!(live_after < live_before + MIB, "the spike was freed: live {live_after} vs {live_before}");
+    let (_, dirty) = watch.finish();
+    if let Some(dirty) = dirty {
+        // Linux reports private dirty memory; the peak includes the spike.
+        assert!(dirty >= 64 * MIB, "private dirty peak {dirty} misses the spike");
+    }
+}
+
+#[test]
+fn realloc_and_zeroed_allocations_are_counted() {
+    let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (before, _) = heap().unwrap();
+    let mut v: Vec<u8> = Vec::with_capacity(MIB as usize);
+    v.resize((8 * MIB) as usize, 7);
+    let z = vec![0u64; MIB as usize];
+    let (live, _) = heap().unwrap();
+    assert!(live >= before + 16 * MIB, "live {live} vs before {before}");
+    drop((v, z));
+    let (after, _) = heap().unwrap();
+    assert!(after < before + MIB, "freed: {after} vs {before}");
+}
