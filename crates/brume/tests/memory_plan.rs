@@ -84,12 +84,17 @@ fn tiled_decoding_is_close_and_exact_with_one_tile() {
     let t = run(&m, &req, &with(tiled)).unwrap();
     assert_eq!(t.image.dims(), plain.image.dims());
     let (mean, max) = (mean_diff(&plain.image, &t.image), max_diff(&plain.image, &t.image));
-    // The placeholder's random VAE has a global mid-block attention, so tiles
-    // (which see only themselves) differ; measured mean 0.022, max 0.23.
-    assert!(mean < 0.035 && max < 0.35, "tiled vs full: mean {mean}, max {max}");
-    // Without overlap blending the seams would be hard edges; with it, the
-    // difference along a seam row is no worse than elsewhere on average.
+    // The VAE's mid block attends over the whole latent, and a tile sees only
+    // itself, so tiles differ from the full decode (trained built-in model:
+    // mean 0.048, max 0.58 in [-1, 1]). What the blend must do is beat hard
+    // seams: the same tiles without overlap, pasted edge to edge.
     assert!(mean > 0.0, "tiling changed nothing: the test would not see a broken blend");
+    let hard = Strategy { vae: VaeDecode::Tiled(TileSpec::new(12, 0).unwrap()), ..SEQ };
+    let h = run(&m, &req, &with(hard)).unwrap();
+    let hard_mean = mean_diff(&plain.image, &h.image);
+    eprintln!("tiled vs full decode: blended mean {mean}, max {max}; hard seams mean {hard_mean}");
+    assert!(mean < hard_mean, "blended tiles (mean diff {mean}) no closer than hard seams ({hard_mean})");
+    assert!(mean < 0.08, "tiled vs full: mean {mean}, max {max}");
 }
 
 #[test]
