@@ -7,9 +7,9 @@ use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::rc::Rc;
 
-use brume::memory::planner::{fixed, plan, ResolutionFallback};
+use brume::memory::planner::{fixed, plan, rungs, ResolutionFallback};
 use brume::memory::{
-    estimate, AttentionMode, Guard, ModelProfile, PrecisionVariant, ReducedOutput, RequestShape, Residency, RunSize, Strategy,
+    estimate, AttentionMode, Guard, Kernels, ModelProfile, PrecisionVariant, ReducedOutput, RequestShape, Residency, RunSize, Strategy,
     TileSpec, VaeDecode,
 };
 use brume::pipelines::{txt2img, Flow, GenerationRequest, Generated, OpenOptions, RunOptions, SdModel};
@@ -100,7 +100,8 @@ fn tiled_decoding_is_close_and_exact_with_one_tile() {
 #[test]
 fn planner_takes_the_least_lossy_rung_that_fits() {
     let m = model();
-    let p = ModelProfile::of(&m, DType::F32);
+    // On the plain path, where chunked attention is a rung of its own.
+    let p = ModelProfile::of(&m, DType::F32).with_kernels(Kernels::REFERENCE);
     let s = shape(512);
     let need = |st: Strategy| estimate(&p, &s, &st).peak.private_dirty;
     let plain = need(Strategy::PLAIN);
@@ -138,11 +139,11 @@ fn planner_takes_the_least_lossy_rung_that_fits() {
 #[test]
 fn planner_uses_an_installed_lower_precision_variant_last() {
     let m = model();
-    let p = ModelProfile::of(&m, DType::F32);
+    let p = ModelProfile::of(&m, DType::F32).with_kernels(Kernels::REFERENCE);
     let s = shape(512);
     // A stand-in variant whose weights are smaller: the same model in f16 compute
     // (weights materialised at 2 bytes; activations at 2 bytes).
-    let small = ModelProfile::of(&m, DType::F16);
+    let small = ModelProfile::of(&m, DType::F16).with_kernels(Kernels::REFERENCE);
     let tiles = Strategy {
         attention: AttentionMode::Chunked(NonZeroUsize::new(64).unwrap()),
         vae: VaeDecode::Tiled(TileSpec::new(16, 4).unwrap()),
@@ -164,7 +165,9 @@ fn planner_uses_an_installed_lower_precision_variant_last() {
 fn a_budget_that_shrinks_mid_run_falls_back_then_refuses_cleanly() {
     let m = model();
     let req = request(256);
-    let p = ModelProfile::of(&m, DType::F32);
+    // Estimated as the plain path, so that chunking is a fallback the guard can
+    // take; the run itself may use the fused kernel (same picture either way).
+    let p = ModelProfile::of(&m, DType::F32).with_kernels(Kernels::REFERENCE);
     let s = shape(256);
     let plain_need = estimate(&p, &s, &SEQ).unet.private_dirty;
     let chunked = Strategy { attention: AttentionMode::Chunked(NonZeroUsize::new(64).unwrap()), ..SEQ };
@@ -200,4 +203,23 @@ fn a_budget_that_shrinks_mid_run_falls_back_then_refuses_cleanly() {
     let e = run(&m, &req, &opts).err().expect("must refuse");
     let msg = e.to_string();
     assert!(matches!(e, RunError::OverBudget { .. }) && msg.contains("before step 2"), "{msg}");
+}
+
+#[test]
+fn fused_kernels_need_less_and_leave_no_attention_rung() {
+    let m = model();
+    let reference = ModelProfile::of(&m, DType::F32).with_kernels(Kernels::REFERENCE);
+    let fused = reference.clone().with_kernels(Kernels { fused_norm: true, fused_attention: true });
+    let s = shape(512);
+    let (r, f) = (estimate(&reference, &s, &SEQ), estimate(&fused, &s, &SEQ));
+    // A 64x64 latent: 4096 queries x 4096 keys of scores per head on the plain path.
+    assert!(f.unet.private_dirty < r.unet.private_dirty, "{} vs {}", f.unet.private_dirty, r.unet.private_dirty);
+    assert!(f.decode.private_dirty < r.decode.private_dirty);
+    // Weights do not depend on the kernels.
+    assert_eq!(f.peak.rss - f.peak.private_dirty, r.peak.rss - r.peak.private_dirty);
+    // No score matrix, nothing to chunk: the rungs go from sequential to tiles.
+    let ladder = rungs(&fused, &s, 1 << 20);
+    assert!(ladder.iter().all(|st| st.attention == AttentionMode::Full), "{ladder:?}");
+    assert!(ladder.iter().any(|st| matches!(st.vae, VaeDecode::Tiled(_))), "{ladder:?}");
+    assert!(rungs(&reference, &s, 1 << 20).iter().any(|st| matches!(st.attention, AttentionMode::Chunked(_))));
 }

@@ -9,7 +9,7 @@
 
 use candle_core::DType;
 
-use super::sim;
+use super::sim::{self, Kernels};
 use super::strategy::{Residency, Strategy, VaeDecode};
 use crate::loading::safetensors::StoredDType;
 use crate::loading::Segment;
@@ -97,6 +97,8 @@ pub struct ModelProfile {
     pub unet: UNetConfig,
     pub vae: VaeConfig,
     pub dtype: DType,
+    /// The implementations the layers will run, which decide their temporaries.
+    pub kernels: Kernels,
     weights: [SegmentWeights; 4],
 }
 
@@ -108,8 +110,15 @@ impl ModelProfile {
             unet: model.unet_config.clone(),
             vae: model.vae_config.clone(),
             dtype,
+            kernels: Kernels::current(dtype),
             weights,
         }
+    }
+
+    /// The same model as run on other kernels (the planner's tests use the
+    /// plain path, where chunked attention is a rung of its own).
+    pub fn with_kernels(self, kernels: Kernels) -> Self {
+        Self { kernels, ..self }
     }
 
     pub fn weights(&self, s: Segment) -> SegmentWeights {
@@ -160,15 +169,15 @@ pub fn estimate(model: &ModelProfile, req: &RequestShape, strategy: &Strategy) -
         + kv_channels(&model.unet) * (branches * req.batch * TOKENS * s) as u64;
     let base = Footprint { rss: BASE_PRIVATE + BASE_SHARED, private_dirty: BASE_PRIVATE };
 
-    let text_act = sim::text_encoder(&model.text, req.batch, TOKENS, s);
-    let unet_act = sim::unet(&model.unet, branches * req.batch, lh, lw, s, TOKENS, strategy.attention);
+    let text_act = sim::text_encoder(&model.text, req.batch, TOKENS, s, model.kernels);
+    let unet_act = sim::unet(&model.unet, branches * req.batch, lh, lw, s, TOKENS, strategy.attention, model.kernels);
     let image = (req.batch * 3 * req.height * req.width * 4) as u64;
     let dec_act = match (&model.vae, strategy.vae) {
-        (VaeConfig::Kl(c), VaeDecode::Full) => sim::vae_decoder(c, req.batch, lh, lw, s),
+        (VaeConfig::Kl(c), VaeDecode::Full) => sim::vae_decoder(c, req.batch, lh, lw, s, model.kernels),
         (VaeConfig::Kl(c), VaeDecode::Tiled(t)) => {
             let (th, tw) = (t.tile().min(lh), t.tile().min(lw));
             // One tile (of the whole batch) at a time, into an output canvas and its blend weights.
-            sim::vae_decoder(c, req.batch, th, tw, s) + image + (req.height * req.width * 4) as u64
+            sim::vae_decoder(c, req.batch, th, tw, s, model.kernels) + image + (req.height * req.width * 4) as u64
         }
         // The tiny VAE's activations are a small multiple of the image.
         (VaeConfig::Tiny(_), _) => 8 * image,
@@ -177,7 +186,7 @@ pub fn estimate(model: &ModelProfile, req: &RequestShape, strategy: &Strategy) -
     // The encoder's walk is bounded by the decoder's: at every resolution the SD
     // VAEs' decoder has at least the encoder's channels.
     let enc_act = match &model.vae {
-        VaeConfig::Kl(c) if req.encodes_image => sim::vae_decoder(c, 1, lh, lw, s) + image,
+        VaeConfig::Kl(c) if req.encodes_image => sim::vae_decoder(c, 1, lh, lw, s, model.kernels) + image,
         VaeConfig::Tiny(_) if req.encodes_image => 8 * image,
         _ => 0,
     };

@@ -11,6 +11,7 @@ pub mod sim;
 pub mod strategy;
 
 pub use estimate::{estimate, segment_weights, Estimate, Footprint, ModelProfile, RequestShape, SegmentWeights};
+pub use sim::Kernels;
 pub use strategy::{AttentionMode, Residency, Strategy, TileSpec, VaeDecode};
 pub mod guard;
 pub mod planner;

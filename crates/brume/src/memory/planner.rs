@@ -134,8 +134,13 @@ fn fits(e: &Estimate, budget: u64) -> bool {
     e.peak.private_dirty <= budget
 }
 
-/// The fastest chunking whose estimate fits `budget`, else the smallest chunk.
+/// The fastest chunking whose estimate fits `budget`, else the smallest chunk;
+/// `None` where the fused attention kernel runs, which forms no score matrix to
+/// chunk (the rung would change nothing).
 pub fn cheapest_attention(model: &ModelProfile, shape: &RequestShape, s: &Strategy, budget: u64) -> Option<AttentionMode> {
+    if model.kernels.fused_attention {
+        return None;
+    }
     let modes: Vec<AttentionMode> = CHUNKS.iter().filter_map(|&c| NonZeroUsize::new(c)).map(AttentionMode::Chunked).collect();
     let fitting = modes.iter().find(|&&m| {
         let t = Strategy { attention: m, ..*s };
@@ -164,12 +169,13 @@ pub fn rungs(model: &ModelProfile, shape: &RequestShape, budget: u64) -> Vec<Str
     let plain = Strategy::PLAIN;
     let seq = Strategy { residency: Residency::Sequential, ..plain };
     let mut out = vec![plain, seq];
+    let mut before_tiles = seq;
     if let Some(a) = cheapest_attention(model, shape, &seq, budget) {
-        let chunked = Strategy { attention: a, ..seq };
-        out.push(chunked);
-        if let Some(t) = cheapest_tiles(model, shape, &chunked, budget) {
-            out.push(Strategy { vae: VaeDecode::Tiled(t), ..chunked });
-        }
+        before_tiles = Strategy { attention: a, ..seq };
+        out.push(before_tiles);
+    }
+    if let Some(t) = cheapest_tiles(model, shape, &before_tiles, budget) {
+        out.push(Strategy { vae: VaeDecode::Tiled(t), ..before_tiles });
     }
     out
 }

@@ -11,16 +11,63 @@ use crate::models::unet_2d_condition::{DownBlockType, MidBlockType, UpBlockType}
 /// Bytes the mapped convolution's patch buffer may take (see `layers/mapped.rs`).
 const COLS_BUDGET: u64 = 16 << 20;
 
+/// Which implementations the layers will run (`layers/norm.rs`,
+/// `layers/attention.rs`), because they hold different temporaries: the fused
+/// GroupNorm (+ SiLU) kernel writes its output and nothing else, and the fused
+/// attention kernel never forms the `n_q x n_k` score matrix, so chunking the
+/// queries saves nothing where it runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Kernels {
+    pub fused_norm: bool,
+    pub fused_attention: bool,
+}
+
+impl Kernels {
+    /// candle's plain ops (`--kernels reference`, other devices, non-f32 compute).
+    pub const REFERENCE: Self = Self { fused_norm: false, fused_attention: false };
+
+    /// What this process runs on the CPU for activations of `dtype`, as the
+    /// layers decide it (`kernels::use_fast`, `kernels::attention_pays`).
+    pub fn current(dtype: candle_core::DType) -> Self {
+        let fast = crate::kernels::mode() == crate::kernels::KernelMode::Fast && dtype == candle_core::DType::F32;
+        Self { fused_norm: fast, fused_attention: fast && crate::kernels::attention_pays() }
+    }
+}
+
 /// Live bytes and their running peak.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Clone, Copy)]
 pub struct Sim {
     live: u64,
     peak: u64,
+    kernels: Kernels,
 }
 
 impl Sim {
+    fn new(kernels: Kernels) -> Self {
+        Self { live: 0, peak: 0, kernels }
+    }
     pub fn peak(&self) -> u64 {
         self.peak
+    }
+    /// Transient bytes of `GroupNorm` over `x` bytes. The plain path centres the
+    /// input, which lives to the end of the call, and the normalised map, its
+    /// scaled copy and the shifted result overlap it: four buffers of the input's
+    /// size. The kernel writes one.
+    fn norm(&self, x: u64) -> u64 {
+        if self.kernels.fused_norm {
+            x
+        } else {
+            4 * x
+        }
+    }
+    /// `GroupNorm` then SiLU as a conv's input: the normalised map and the
+    /// activation's output on the plain path, one fused output with the kernel.
+    fn norm_act(&self, x: u64) -> u64 {
+        if self.kernels.fused_norm {
+            x
+        } else {
+            2 * x
+        }
     }
     fn alloc(&mut self, b: u64) {
         self.live += b;
@@ -70,27 +117,20 @@ impl Map {
     }
 }
 
-/// Transient bytes of `GroupNorm` over `x` bytes: the centred input lives to the
-/// end of the call, and the normalised map, its scaled copy and the shifted
-/// result overlap it (`layers/norm.rs`), so four buffers of the input's size.
-fn group_norm(x: u64) -> u64 {
-    4 * x
-}
-
 /// `ResnetBlock2D`: input live on entry; on return the output is live too.
 fn resnet(sim: &mut Sim, m: Map, cin: usize, cout: usize, temb: bool) {
     let (i, o) = (m.ch(cin), m.ch(cout));
     // norm1 internals, then norm + silu + conv1 and its patches.
-    sim.spike(group_norm(i));
-    sim.spike(2 * i + o + cols(cin as u64, 3, m.h, m.w));
+    sim.spike(sim.norm(i));
+    sim.spike(sim.norm_act(i) + o + cols(cin as u64, 3, m.h, m.w));
     sim.alloc(o); // h1
     let mut held = o;
     if temb {
         sim.alloc(o); // h1 + temb (the shadowed h1 stays alive)
         held += o;
     }
-    sim.spike(group_norm(o));
-    sim.spike(3 * o + cols(cout as u64, 3, m.h, m.w));
+    sim.spike(sim.norm(o));
+    sim.spike(sim.norm_act(o) + o + cols(cout as u64, 3, m.h, m.w));
     sim.alloc(o); // h2
     held += o;
     if cin != cout {
@@ -105,6 +145,12 @@ fn resnet(sim: &mut Sim, m: Map, cin: usize, cout: usize, temb: bool) {
 /// q/k/v of `c` channels (bytes `cq`, `ckv` for the query and key/value maps).
 #[allow(clippy::too_many_arguments)]
 fn attention(sim: &mut Sim, b: u64, heads: u64, nq: u64, nk: u64, cq: u64, ckv: u64, mode: AttentionMode) {
+    // The kernel reads q, k, v in place (their last dimension is contiguous)
+    // and writes the output; its scratch is one tile.
+    if sim.kernels.fused_attention {
+        sim.spike(cq);
+        return;
+    }
     // Contiguous per-head copies of q, k, v; the scores, then scaled scores /
     // softmax (two score buffers at once); the output.
     match mode {
@@ -127,7 +173,7 @@ fn attention(sim: &mut Sim, b: u64, heads: u64, nq: u64, nk: u64, cq: u64, ckv: 
 fn transformer(sim: &mut Sim, m: Map, c: usize, heads: usize, depth: usize, ctx_tokens: u64, only_cross: bool, mode: AttentionMode) {
     let t = m.ch(c);
     let ctx = m.b * ctx_tokens * m.s * c as u64;
-    sim.spike(group_norm(t));
+    sim.spike(sim.norm(t));
     sim.alloc(t); // normed
     sim.spike(2 * t); // projection out + token copy
     sim.alloc(t); // tokens
@@ -162,8 +208,9 @@ fn transformer(sim: &mut Sim, m: Map, c: usize, heads: usize, depth: usize, ctx_
 
 /// Peak activation bytes of one UNet evaluation on a latent of `h x w` with
 /// batch `b` (already doubled for guidance), `s` bytes per element.
-pub fn unet(cfg: &UNetConfig, b: usize, h: usize, w: usize, s: usize, ctx_tokens: usize, mode: AttentionMode) -> u64 {
-    let mut sim = Sim::default();
+#[allow(clippy::too_many_arguments)]
+pub fn unet(cfg: &UNetConfig, b: usize, h: usize, w: usize, s: usize, ctx_tokens: usize, mode: AttentionMode, kernels: Kernels) -> u64 {
+    let mut sim = Sim::new(kernels);
     let mut m = Map { b: b as u64, h: h as u64, w: w as u64, s: s as u64 };
     let ch = &cfg.block_out_channels;
     let ctx = ctx_tokens as u64;
@@ -233,13 +280,13 @@ pub fn unet(cfg: &UNetConfig, b: usize, h: usize, w: usize, s: usize, ctx_tokens
             m = upsample(&mut sim, m, c);
         }
     }
-    sim.spike(group_norm(m.ch(ch[0])).max(2 * m.ch(ch[0]) + cols(ch[0] as u64, 3, m.h, m.w) + m.ch(cfg.out_channels)));
+    sim.spike(sim.norm(m.ch(ch[0])).max(sim.norm_act(m.ch(ch[0])) + cols(ch[0] as u64, 3, m.h, m.w) + m.ch(cfg.out_channels)));
     sim.peak()
 }
 
 /// Peak activation bytes of the KL VAE decoder on a latent of `h x w`, batch `b`.
-pub fn vae_decoder(cfg: &AutoencoderKLConfig, b: usize, h: usize, w: usize, s: usize) -> u64 {
-    let mut sim = Sim::default();
+pub fn vae_decoder(cfg: &AutoencoderKLConfig, b: usize, h: usize, w: usize, s: usize, kernels: Kernels) -> u64 {
+    let mut sim = Sim::new(kernels);
     let mut m = Map { b: b as u64, h: h as u64, w: w as u64, s: s as u64 };
     let ch = &cfg.block_out_channels;
     let top = *ch.last().unwrap_or(&0);
@@ -251,7 +298,7 @@ pub fn vae_decoder(cfg: &AutoencoderKLConfig, b: usize, h: usize, w: usize, s: u
     if cfg.mid_block_add_attention {
         let t = m.ch(top);
         // norm (internals), token view; q/k/v (each from a contiguous copy), attention.
-        sim.spike(group_norm(t));
+        sim.spike(sim.norm(t));
         sim.alloc(t);
         sim.spike(2 * t);
         sim.alloc(3 * t);
@@ -276,15 +323,16 @@ pub fn vae_decoder(cfg: &AutoencoderKLConfig, b: usize, h: usize, w: usize, s: u
             m = upsample(&mut sim, m, c);
         }
     }
-    sim.spike(group_norm(m.ch(ch[0])).max(2 * m.ch(ch[0]) + cols(ch[0] as u64, 3, m.h, m.w) + m.ch(cfg.out_channels)));
+    sim.spike(sim.norm(m.ch(ch[0])).max(sim.norm_act(m.ch(ch[0])) + cols(ch[0] as u64, 3, m.h, m.w) + m.ch(cfg.out_channels)));
     sim.peak()
 }
 
 /// Peak activation bytes of the CLIP text encoder on `b` sequences of `tokens`.
-pub fn text_encoder(cfg: &ClipTextConfig, b: usize, tokens: usize, s: usize) -> u64 {
+pub fn text_encoder(cfg: &ClipTextConfig, b: usize, tokens: usize, s: usize, kernels: Kernels) -> u64 {
     let (b, n, d, f) = (b as u64, tokens as u64, cfg.hidden_size as u64, cfg.intermediate_size as u64);
     let t = b * n * d * s as u64;
-    let scores = 4 * b * cfg.num_attention_heads as u64 * n * n;
+    // The fused kernel applies the causal mask itself and keeps no scores.
+    let scores = if kernels.fused_attention { 0 } else { 4 * b * cfg.num_attention_heads as u64 * n * n };
     // hidden, norm, q/k/v and copies, causal mask, scores; or the MLP's fc1 + activation.
     let attn = 9 * t + 2 * scores + 4 * n * n;
     let mlp = 3 * t + 2 * b * n * f * s as u64;
