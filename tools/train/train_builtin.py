@@ -11,7 +11,7 @@ Stages (each gets a share of `--budget-minutes`; see README.md):
   vae     train the autoencoder (L1 + L2 + edge + small KL), report held-out PSNR
   encode  encode the training set once (latent mean and std), set vae.scaling_factor = 1/std
   text    pre-train the CLIP text encoder to state every attribute of its caption (from the scene specs)
-  unet    train the UNet on cached latents and the frozen encoder's outputs (epsilon, min-SNR-5, 10% caption dropout,
+  unet    train the UNet on cached latents and the frozen encoder's outputs (epsilon, offset noise, 10% caption dropout,
           AdamW, EMA), judge held-out samples, checkpoint a full pipeline to OUT/stage2/
   lcm     LCM distillation (diffusers' train_lcm_distill_sd recipe): DDIM solver over 50 teacher steps,
           CFG teacher, w-embedding, huber consistency loss against an EMA target
@@ -951,7 +951,8 @@ def parse_args():
     p.add_argument("--cfg-dropout", type=float, default=0.1)
     p.add_argument("--offset-noise", type=float, default=0.2,
                    help="per-channel constant noise added in UNet and LCM training (0: plain noise); see training_noise")
-    p.add_argument("--min-snr", type=float, default=5.0, help="min-SNR-gamma loss weighting (0: plain MSE)")
+    p.add_argument("--min-snr", type=float, default=0.0,
+                   help="min-SNR-gamma loss weighting (0: plain epsilon MSE, as SD was trained; gamma 5 left run 2's backgrounds mottled)")
     p.add_argument("--ema", type=float, default=0.998)
     p.add_argument("--ddim-steps", type=int, default=25)
     p.add_argument("--guidance", type=float, default=5.0)

@@ -23,7 +23,9 @@ pub struct MemoryArgs {
     #[arg(long, value_name = "SIZE")]
     pub memory_budget: Option<String>,
     /// auto (the least lossy plan that fits), or a fixed one: resident,
-    /// sequential, chunked (sequential + chunked attention), tiled (+ tiled VAE decoding).
+    /// sequential, chunked (sequential + chunked attention; the same as sequential
+    /// where the fused attention kernel runs, which forms no score matrix), tiled
+    /// (+ tiled VAE decoding).
     #[arg(long, default_value = "auto", value_name = "PLAN")]
     pub memory_plan: String,
     /// When only a smaller picture fits: upscale (generate smaller, resize the
