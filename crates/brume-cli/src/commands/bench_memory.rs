@@ -128,6 +128,8 @@ pub fn run(a: MemArgs) -> anyhow::Result<()> {
         }
         let out = std::env::temp_dir().join(format!("brume-bench-memory-{}-{i}.png", std::process::id()));
         let mut cmd = Command::new(&exe);
+        // The child runs the kernels this process estimated for.
+        cmd.args(["--kernels", brume::kernels::mode().name()]);
         cmd.arg("generate").arg("a red circle on the left");
         if let Some(m) = &model_path {
             cmd.arg("--model").arg(m);
