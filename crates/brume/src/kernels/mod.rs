@@ -65,7 +65,19 @@ pub fn mode() -> KernelMode {
 /// Whether a layer should run its kernel for this tensor: fast mode, a CPU tensor
 /// of a dtype the kernel takes (the kernels compute in f32).
 pub fn use_fast(t: &Tensor) -> bool {
-    mode() == KernelMode::Fast && matches!(t.device(), Device::Cpu) && t.dtype() == DType::F32
+    matches!(t.device(), Device::Cpu) && fast_for(t.dtype())
+}
+
+/// Whether CPU tensors of `dtype` take the kernels: fast mode and f32. One rule
+/// for the layers ([`use_fast`]) and the memory estimator, which must predict them.
+pub fn fast_for(dtype: DType) -> bool {
+    mode() == KernelMode::Fast && dtype == DType::F32
+}
+
+/// Whether attention on the CPU runs the fused kernel, whatever the input dtype
+/// (it computes in f32): fast mode on a CPU where it pays ([`attention_pays`]).
+pub fn fused_attention_on_cpu() -> bool {
+    mode() == KernelMode::Fast && attention_pays()
 }
 
 /// Whether the fused attention kernel beats candle's plain path on this CPU. The

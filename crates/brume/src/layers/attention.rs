@@ -41,7 +41,7 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, mask: Attention
 /// [`attention`] with the score matrix formed as `mode` says. The fused kernel
 /// never forms it (its scratch is one tile), so where it runs `mode` changes nothing.
 pub fn attention_with(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, mask: AttentionMask, mode: AttentionMode) -> Result<Tensor> {
-    if crate::kernels::mode() == crate::kernels::KernelMode::Fast && q.device().is_cpu() && crate::kernels::attention_pays() {
+    if q.device().is_cpu() && crate::kernels::fused_attention_on_cpu() {
         let f32 = |t: &Tensor| t.to_dtype(candle_core::DType::F32);
         let o = crate::kernels::flash_attention::flash_attention(&f32(q)?, &f32(k)?, &f32(v)?, scale, mask == AttentionMask::Causal)?;
         return o.to_dtype(q.dtype());

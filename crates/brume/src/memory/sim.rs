@@ -26,11 +26,10 @@ impl Kernels {
     /// candle's plain ops (`--kernels reference`, other devices, non-f32 compute).
     pub const REFERENCE: Self = Self { fused_norm: false, fused_attention: false };
 
-    /// What this process runs on the CPU for activations of `dtype`, as the
-    /// layers decide it (`kernels::use_fast`, `kernels::attention_pays`).
+    /// What this process runs on the CPU for activations of `dtype`, by the
+    /// layers' own rules (`kernels::fast_for`, `kernels::fused_attention_on_cpu`).
     pub fn current(dtype: candle_core::DType) -> Self {
-        let fast = crate::kernels::mode() == crate::kernels::KernelMode::Fast && dtype == candle_core::DType::F32;
-        Self { fused_norm: fast, fused_attention: fast && crate::kernels::attention_pays() }
+        Self { fused_norm: crate::kernels::fast_for(dtype), fused_attention: crate::kernels::fused_attention_on_cpu() }
     }
 }
 
