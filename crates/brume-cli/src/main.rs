@@ -52,6 +52,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    brume::runtime::use_one_thread_pool();
     // Piping into `head` must end the output quietly, not panic in println!.
     #[cfg(unix)]
     // SAFETY: restoring the default disposition of SIGPIPE before any thread starts.
