@@ -33,6 +33,16 @@ def main():
             v = load(folder, f"{name}.v.f32", c["k"])
             scale = c["scale"]
             ops[name] = lambda q=q, k=k, v=v, s=scale: F.scaled_dot_product_attention(q, k, v, scale=s)
+        elif c["op"] == "linear":
+            x = load(folder, f"{name}.x.f32", c["x"])
+            w = load(folder, f"{name}.w.f32", c["w"])
+            ops[name] = lambda x=x, w=w: F.linear(x, w)
+        elif c["op"] == "conv2d":
+            x = load(folder, f"{name}.x.f32", c["x"])
+            w = load(folder, f"{name}.w.f32", c["w"])
+            ops[name] = lambda x=x, w=w, p=c["padding"]: F.conv2d(x, w, padding=p)
+            xb, wb = x.bfloat16(), w.bfloat16()
+            ops[name + ".bf16"] = lambda x=xb, w=wb, p=c["padding"]: F.conv2d(x, w, padding=p).float()
         else:
             x = load(folder, f"{name}.x.f32", c["x"])
             w = load(folder, f"{name}.w.f32", [c["x"][1]])

@@ -22,6 +22,10 @@ struct Cli {
     /// ops, to check a result or a timing against them).
     #[arg(long, global = true, default_value = "fast", value_parser = ["fast", "reference"])]
     kernels: String,
+    /// What the CPU kernels multiply in: `f32`, or `bf16` (the 3x3 convolutions'
+    /// products rounded to bf16, f32 sums; AVX512-BF16 CPUs; ~1e-3 relative error).
+    #[arg(long, global = true, default_value = "f32", value_parser = ["f32", "bf16"])]
+    compute: String,
     #[command(subcommand)]
     command: Command,
 }
@@ -66,6 +70,12 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
     if let Some(mode) = brume::kernels::KernelMode::parse(&cli.kernels) {
         brume::kernels::set_mode(mode);
+    }
+    if let Some(c) = brume::kernels::Compute::parse(&cli.compute) {
+        if let Err(e) = brume::kernels::set_compute(c) {
+            eprintln!("error: --compute {}: {e}", cli.compute);
+            return ExitCode::FAILURE;
+        }
     }
     let result = match cli.command {
         Command::Generate(a) => commands::generate::run(a),

@@ -12,6 +12,7 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use brume::kernels::flash_attention::flash_attention;
 use brume::kernels::group_norm::group_norm;
+use brume::layers::mapped::conv2d_dense;
 use brume::layers::{attention_reference, Activation, AttentionMask, GroupNorm};
 use candle_core::{Device, Tensor};
 
@@ -28,7 +29,8 @@ pub struct KernelArgs {
     /// PyTorch's side (default: tools/bench/kernels.py of this source tree).
     #[arg(long)]
     torch_script: Option<PathBuf>,
-    /// Only the cases whose name contains this (attn_self, attn_cross, gn, gn_silu).
+    /// Only the cases whose name contains this (attn_self, attn_cross, gn, gn_silu,
+    /// conv3x3_320, conv3x3_640, conv1x1_320, linear_320, linear_geglu).
     #[arg(long)]
     only: Option<String>,
 }
@@ -36,6 +38,8 @@ pub struct KernelArgs {
 enum Op {
     Attention { q: Tensor, k: Tensor, scale: f64 },
     GroupNorm { x: Tensor, w: Tensor, b: Tensor, groups: usize, silu: bool },
+    Conv { x: Tensor, w: Tensor, padding: usize },
+    Linear { x: Tensor, w: Tensor },
 }
 
 struct Case {
@@ -53,6 +57,32 @@ impl Case {
         match &self.op {
             Op::Attention { q, k, scale } => flash_attention(q, k, k, *scale, false),
             Op::GroupNorm { x, w, b, groups, silu } => group_norm(x, w, b, *groups, EPS, *silu),
+            Op::Conv { x, w, padding } => conv2d_dense(x, w, 1, *padding),
+            Op::Linear { x, w } => brume::kernels::matmul::linear(x, w),
+        }
+    }
+
+    /// brume's other paths for this op, by name: the im2col + GEMM conv (what
+    /// `--kernels reference` runs on mapped weights) and, on a CPU with
+    /// AVX512-BF16, the bf16-product 3x3 conv (`--compute bf16`).
+    fn alternatives(&self) -> Vec<&'static str> {
+        match &self.op {
+            Op::Conv { padding: 1, .. } if brume::kernels::conv3x3_bf16::supported() => vec!["im2col", "bf16"],
+            Op::Conv { .. } => vec!["im2col"],
+            _ => Vec::new(),
+        }
+    }
+
+    fn alternative(&self, name: &str) -> candle_core::Result<Tensor> {
+        match (&self.op, name) {
+            (Op::Conv { x, w, padding }, "im2col") => {
+                brume::kernels::set_mode(brume::kernels::KernelMode::Reference);
+                let y = conv2d_dense(x, w, 1, *padding);
+                brume::kernels::set_mode(brume::kernels::KernelMode::Fast);
+                y
+            }
+            (Op::Conv { x, w, .. }, "bf16") => brume::kernels::conv3x3_bf16::conv3x3_bf16(x, w),
+            _ => candle_core::bail!("no {name} path for {}", self.name),
         }
     }
 
@@ -67,6 +97,8 @@ impl Case {
                     Ok(y)
                 }
             }
+            Op::Conv { x, w, padding } => x.conv2d(w, *padding, 1, 1, 1),
+            Op::Linear { x, w } => x.matmul(&w.t()?),
         }
     }
 }
@@ -97,6 +129,25 @@ fn cases() -> anyhow::Result<Vec<Case>> {
             // Nominal: 7 per element (mean, centred squares, normalise-scale-shift), SiLU 4 more.
             flops: (if silu { 11.0 } else { 7.0 }) * x.elem_count() as f64,
             op: Op::GroupNorm { x: x.clone(), w: w.clone(), b: b.clone(), groups: 32, silu },
+        });
+    }
+    // The UNet's convolutions at 512x512: the bar's 3x3 320->320 at 64x64, a
+    // deeper 3x3 and the 1x1 projections around attention.
+    for (name, c, o, hw, k) in [("conv3x3_320", 320, 320, 64, 3), ("conv3x3_640", 640, 640, 32, 3), ("conv1x1_320", 320, 320, 64, 1)] {
+        v.push(Case {
+            name,
+            label: format!("conv {k}x{k} {c}->{o} {hw}x{hw}"),
+            flops: 2.0 * (o * c * k * k * hw * hw) as f64,
+            op: Op::Conv { x: rng.randn(&[1, c, hw, hw], &dev)?, w: (rng.randn(&[o, c, k, k], &dev)? * (1.0 / ((c * k * k) as f64).sqrt()))?, padding: k / 2 },
+        });
+    }
+    // Transformer-block projections at 64x64 tokens: attention q/k/v/out and GEGLU's.
+    for (name, k, n) in [("linear_320", 320, 320), ("linear_geglu", 320, 2560)] {
+        v.push(Case {
+            name,
+            label: format!("linear 4096x{k} -> {n}"),
+            flops: 2.0 * (4096 * k * n) as f64,
+            op: Op::Linear { x: rng.randn(&[4096, k], &dev)?, w: (rng.randn(&[n, k], &dev)? * (1.0 / (k as f64).sqrt()))? },
         });
     }
     Ok(v)
@@ -141,6 +192,16 @@ impl Torch {
                     write_f32(&folder.join(format!("{}.w.f32", c.name)), w)?;
                     write_f32(&folder.join(format!("{}.b.f32", c.name)), b)?;
                     spec.push(serde_json::json!({"name": c.name, "op": "group_norm", "x": x.dims(), "groups": groups, "eps": EPS, "silu": silu}));
+                }
+                Op::Linear { x, w } => {
+                    write_f32(&folder.join(format!("{}.x.f32", c.name)), x)?;
+                    write_f32(&folder.join(format!("{}.w.f32", c.name)), w)?;
+                    spec.push(serde_json::json!({"name": c.name, "op": "linear", "x": x.dims(), "w": w.dims()}));
+                }
+                Op::Conv { x, w, padding } => {
+                    write_f32(&folder.join(format!("{}.x.f32", c.name)), x)?;
+                    write_f32(&folder.join(format!("{}.w.f32", c.name)), w)?;
+                    spec.push(serde_json::json!({"name": c.name, "op": "conv2d", "x": x.dims(), "w": w.dims(), "padding": padding}));
                 }
             }
         }
@@ -250,18 +311,48 @@ pub fn run(a: KernelArgs) -> anyhow::Result<()> {
             }
             None => None,
         };
-        let (mut fast, mut plain, mut pt): (Vec<f64>, Vec<f64>, Vec<f64>) = (Vec::new(), Vec::new(), Vec::new());
+        let alts = case.alternatives();
+        let mut alt_err = Vec::new();
+        for name in &alts {
+            alt_err.push(rel_err(&case.alternative(name)?, &want)?);
+        }
+        // PyTorch's bf16 conv beside brume's (the bar compares each precision).
+        let torch_bf16 = alts.contains(&"bf16") && torch.is_some();
+        let bf16_name = format!("{}.bf16", case.name);
+        let torch_bf16_err = match torch.as_mut() {
+            Some(t) if torch_bf16 => {
+                t.run(&bf16_name)?;
+                Some(rel_err(&read_f32(&folder.join(format!("{bf16_name}.torch.f32")), &want)?, &want)?)
+            }
+            _ => None,
+        };
+        let mut pt16 = Vec::new();
+        let (mut fast, mut plain, mut pt): (Vec<f64>, Vec<f64>, Vec<f64>) = Default::default();
+        let mut alt: Vec<Vec<f64>> = vec![Vec::new(); alts.len()];
         for _ in 0..a.runs {
             fast.push(time(|| case.fast())?);
             plain.push(time(|| case.reference())?);
+            for (i, name) in alts.iter().enumerate() {
+                alt[i].push(time(|| case.alternative(name))?);
+            }
             if let Some(t) = torch.as_mut() {
                 pt.push(t.run(case.name)?);
+                if torch_bf16 {
+                    pt16.push(t.run(&bf16_name)?);
+                }
             }
         }
         let timed = |v: &[f64]| spread(v).context("no timed runs");
         let mut rows = vec![("brume fast", timed(&fast)?, format!("{fast_err:.1e}")), ("brume reference", timed(&plain)?, "0".into())];
         if let Some(e) = torch_err {
             rows.push(("pytorch", timed(&pt)?, format!("{e:.1e}")));
+        }
+        if let Some(e) = torch_bf16_err {
+            rows.push(("pytorch bf16", timed(&pt16)?, format!("{e:.1e}")));
+        }
+        for (i, name) in alts.iter().enumerate() {
+            let label = if *name == "bf16" { "brume bf16" } else { "brume im2col" };
+            rows.push((label, timed(&alt[i])?, format!("{:.1e}", alt_err[i])));
         }
         for (variant, (med, min, max), err) in &rows {
             println!(
@@ -276,15 +367,13 @@ pub fn run(a: KernelArgs) -> anyhow::Result<()> {
             );
         }
         let ratio = |i: usize| rows[0].1 .0 / rows[i].1 .0;
-        match rows.len() {
-            3 => println!("{:<36} fast/reference {:.3}, fast/pytorch {:.3}", "", ratio(1), ratio(2)),
-            _ => println!("{:<36} fast/reference {:.3}", "", ratio(1)),
-        }
+        let ratios: Vec<String> = (1..rows.len()).map(|i| format!("fast/{} {:.3}", rows[i].0.trim_start_matches("brume "), ratio(i))).collect();
+        println!("{:<36} {}", "", ratios.join(", "));
     }
     drop(torch);
     if folder.exists() {
         std::fs::remove_dir_all(&folder).ok();
     }
-    println!("GFLOP/s: attention 4*h*n_q*n_k*d; group norm nominal 7 per element (+4 for SiLU). err: max|out - ref| / max|ref|.");
+    println!("GFLOP/s: attention 4*h*n_q*n_k*d; group norm nominal 7 per element (+4 for SiLU); conv 2*o*c*k*k*h*w; linear 2*m*k*n. err: max|out - ref| / max|ref|.");
     Ok(())
 }

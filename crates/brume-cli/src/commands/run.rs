@@ -114,7 +114,16 @@ impl GenArgs {
     pub fn from_recipe(&self) -> anyhow::Result<Option<Recipe>> {
         let Some(p) = &self.from else { return Ok(None) };
         match brume::pipelines::recipe::read_recipe(p)? {
-            Some(r) => Ok(Some(r)),
+            Some(r) => {
+                // Re-creating bit for bit means multiplying in the precision it was made with.
+                let want = r.compute.as_deref().unwrap_or("f32");
+                let c = brume::kernels::Compute::parse(want).with_context(|| format!("{}: unknown compute precision `{want}`", p.display()))?;
+                if c != brume::kernels::compute() {
+                    tracing::info!(compute = want, "following the recipe's compute precision");
+                    brume::kernels::set_compute(c).map_err(|e| anyhow::anyhow!("{} was made with --compute {want}: {e}", p.display()))?;
+                }
+                Ok(Some(r))
+            }
             None => bail!("{} has no brume recipe (was it written by brume?)", p.display()),
         }
     }

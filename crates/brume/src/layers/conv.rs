@@ -46,6 +46,9 @@ impl Conv2d {
             Param::Mapped(m) => x.conv2d(&m.to_tensor(x.device())?, self.cfg.padding, self.cfg.stride, 1, 1)?,
             Param::Packed(p) if x.dtype() == candle_core::DType::F32 => mapped::conv2d_packed(x, p, self.cfg.stride, self.cfg.padding)?,
             Param::Packed(p) => x.conv2d(&p.to_tensor(x.device())?.to_dtype(x.dtype())?, self.cfg.padding, self.cfg.stride, 1, 1)?,
+            Param::Dense(t) if crate::kernels::use_fast(x) && t.dtype() == x.dtype() && matches!(t.device(), candle_core::Device::Cpu) => {
+                mapped::conv2d_dense(x, t, self.cfg.stride, self.cfg.padding)?
+            }
             Param::Dense(t) => x.conv2d(t, self.cfg.padding, self.cfg.stride, 1, 1)?,
         };
         match &self.bias {

@@ -20,16 +20,20 @@ const COLS_BUDGET: u64 = 16 << 20;
 pub struct Kernels {
     pub fused_norm: bool,
     pub fused_attention: bool,
+    /// 3x3 stride-1 convolutions run the direct kernel, whose only scratch is three
+    /// input rows per thread (under a megabyte at SD sizes), not an im2col band.
+    pub direct_conv: bool,
 }
 
 impl Kernels {
     /// candle's plain ops (`--kernels reference`, other devices, non-f32 compute).
-    pub const REFERENCE: Self = Self { fused_norm: false, fused_attention: false };
+    pub const REFERENCE: Self = Self { fused_norm: false, fused_attention: false, direct_conv: false };
 
     /// What this process runs on the CPU for activations of `dtype`, by the
     /// layers' own rules (`kernels::fast_for`, `kernels::fused_attention_on_cpu`).
     pub fn current(dtype: candle_core::DType) -> Self {
-        Self { fused_norm: crate::kernels::fast_for(dtype), fused_attention: crate::kernels::fused_attention_on_cpu() }
+        let fast = crate::kernels::fast_for(dtype);
+        Self { fused_norm: fast, fused_attention: crate::kernels::fused_attention_on_cpu(), direct_conv: fast }
     }
 }
 
@@ -66,6 +70,14 @@ impl Sim {
             x
         } else {
             2 * x
+        }
+    }
+    /// The scratch of a 3x3, stride-1 convolution from `c` channels over `m`.
+    fn conv3(&self, c: u64, m: Map) -> u64 {
+        if self.kernels.direct_conv {
+            0
+        } else {
+            cols(c, 3, m.h, m.w)
         }
     }
     fn alloc(&mut self, b: u64) {
@@ -121,7 +133,7 @@ fn resnet(sim: &mut Sim, m: Map, cin: usize, cout: usize, temb: bool) {
     let (i, o) = (m.ch(cin), m.ch(cout));
     // norm1 internals, then norm + silu + conv1 and its patches.
     sim.spike(sim.norm(i));
-    sim.spike(sim.norm_act(i) + o + cols(cin as u64, 3, m.h, m.w));
+    sim.spike(sim.norm_act(i) + o + sim.conv3(cin as u64, m));
     sim.alloc(o); // h1
     let mut held = o;
     if temb {
@@ -129,7 +141,7 @@ fn resnet(sim: &mut Sim, m: Map, cin: usize, cout: usize, temb: bool) {
         held += o;
     }
     sim.spike(sim.norm(o));
-    sim.spike(sim.norm_act(o) + o + cols(cout as u64, 3, m.h, m.w));
+    sim.spike(sim.norm_act(o) + o + sim.conv3(cout as u64, m));
     sim.alloc(o); // h2
     held += o;
     if cin != cout {
@@ -214,7 +226,7 @@ pub fn unet(cfg: &UNetConfig, b: usize, h: usize, w: usize, s: usize, ctx_tokens
     let ch = &cfg.block_out_channels;
     let ctx = ctx_tokens as u64;
     sim.alloc(m.ch(cfg.in_channels)); // the sample
-    sim.spike(m.ch(ch[0]) + cols(cfg.in_channels as u64, 3, m.h, m.w));
+    sim.spike(m.ch(ch[0]) + sim.conv3(cfg.in_channels as u64, m));
     sim.alloc(m.ch(ch[0])); // conv_in (also the first skip: shared storage)
     let mut skips: Vec<u64> = vec![m.ch(ch[0])];
     let mut prev = ch[0];
@@ -279,7 +291,7 @@ pub fn unet(cfg: &UNetConfig, b: usize, h: usize, w: usize, s: usize, ctx_tokens
             m = upsample(&mut sim, m, c);
         }
     }
-    sim.spike(sim.norm(m.ch(ch[0])).max(sim.norm_act(m.ch(ch[0])) + cols(ch[0] as u64, 3, m.h, m.w) + m.ch(cfg.out_channels)));
+    sim.spike(sim.norm(m.ch(ch[0])).max(sim.norm_act(m.ch(ch[0])) + sim.conv3(ch[0] as u64, m) + m.ch(cfg.out_channels)));
     sim.peak()
 }
 
@@ -290,7 +302,7 @@ pub fn vae_decoder(cfg: &AutoencoderKLConfig, b: usize, h: usize, w: usize, s: u
     let ch = &cfg.block_out_channels;
     let top = *ch.last().unwrap_or(&0);
     sim.alloc(2 * m.ch(cfg.latent_channels)); // latents, post_quant_conv
-    sim.spike(m.ch(top) + cols(cfg.latent_channels as u64, 3, m.h, m.w));
+    sim.spike(m.ch(top) + sim.conv3(cfg.latent_channels as u64, m));
     sim.alloc(m.ch(top));
     resnet(&mut sim, m, top, top, false);
     sim.free(m.ch(top));
@@ -322,7 +334,7 @@ pub fn vae_decoder(cfg: &AutoencoderKLConfig, b: usize, h: usize, w: usize, s: u
             m = upsample(&mut sim, m, c);
         }
     }
-    sim.spike(sim.norm(m.ch(ch[0])).max(sim.norm_act(m.ch(ch[0])) + cols(ch[0] as u64, 3, m.h, m.w) + m.ch(cfg.out_channels)));
+    sim.spike(sim.norm(m.ch(ch[0])).max(sim.norm_act(m.ch(ch[0])) + sim.conv3(ch[0] as u64, m) + m.ch(cfg.out_channels)));
     sim.peak()
 }
 
@@ -343,7 +355,7 @@ pub fn text_encoder(cfg: &ClipTextConfig, b: usize, tokens: usize, s: usize, ker
 fn upsample(sim: &mut Sim, m: Map, c: usize) -> Map {
     let up = m.double();
     sim.alloc(up.ch(c));
-    sim.spike(up.ch(c) + cols(c as u64, 3, up.h, up.w));
+    sim.spike(up.ch(c) + sim.conv3(c as u64, up));
     sim.alloc(up.ch(c));
     sim.free(up.ch(c) + m.ch(c));
     up

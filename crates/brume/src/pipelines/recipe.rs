@@ -79,6 +79,9 @@ pub struct Recipe {
     /// The memory plan and any fallback it took (a lower resolution changes the picture).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_plan: Option<String>,
+    /// `bf16` when the kernels multiplied in bf16 (`--compute bf16`); absent for f32.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute: Option<String>,
 }
 
 impl Recipe {
@@ -108,6 +111,10 @@ impl Recipe {
             extend: None,
             feather: None,
             memory_plan: None,
+            compute: match crate::kernels::compute() {
+                crate::kernels::Compute::F32 => None,
+                c => Some(c.name().to_string()),
+            },
         }
     }
 
@@ -147,6 +154,9 @@ impl Recipe {
         }
         if self.clip_skip > 0 {
             s.push_str(&format!(", Clip skip: {}", self.clip_skip + 1));
+        }
+        if let Some(c) = &self.compute {
+            s.push_str(&format!(", Compute: {c}"));
         }
         s.push_str(&format!(", RNG: {}, Mode: {:?}", self.rng, self.mode));
         s

@@ -1,0 +1,281 @@
+//! f32 matrix product for the layers' shapes: linear layers (`x W^T`) and 1x1
+//! convolutions (`W x`), the other half of a UNet's FLOPs after the 3x3 convs.
+//!
+//! A block of 6 rows of A x 2 vectors of columns of B stays in registers for the
+//! whole reduction: per step, two loads of B and six broadcasts of A feed 12 FMAs,
+//! the same arithmetic-bound inner loop as the direct 3x3 conv. B is read through a
+//! small per-thread panel (its k x 2-vector column strip, packed contiguously and
+//! zero-padded past n), which serves both of B's layouts — [k, n] for a conv's
+//! activations, [n, k] for a linear layer's weight as stored — and costs about 1%
+//! of the products it feeds. Nothing the size of a weight is copied, so a mapped or
+//! expanded weight is used where it lies and private memory does not grow.
+
+use std::cell::RefCell;
+
+use candle_core::{CpuStorage, Layout, Result, Shape, Tensor};
+use rayon::prelude::*;
+
+use super::simd::{Portable, Simd};
+use super::{isa, require, Isa, SharedMut};
+
+/// Rows of A per register block.
+const MR: usize = 6;
+
+thread_local! {
+    static PANEL: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// How B is laid out in memory.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum BLayout {
+    /// B[kk][j] at `kk * ld + j` (a conv's [c, h * w] activations).
+    KN { ld: usize },
+    /// B[kk][j] at `j * ld + kk`: B is the transpose of an [n, k] matrix (a linear
+    /// layer's [out, in] weight).
+    NK { ld: usize },
+}
+
+/// `dst[i][j] = sum_kk a[i * lda + kk] * B[kk][j]` for i < m, j < n (dst row stride n).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm(isa: Isa, m: usize, n: usize, k: usize, a: &[f32], lda: usize, b: &[f32], bl: BLayout, dst: &mut [f32]) -> Result<()> {
+    require(isa)?;
+    if dst.len() < m * n {
+        candle_core::bail!("gemm: output of {} for {m}x{n}", dst.len());
+    }
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    if k == 0 {
+        dst[..m * n].fill(0.0);
+        return Ok(());
+    }
+    if lda < k || a.len() < (m - 1) * lda + k {
+        candle_core::bail!("gemm: A of {} values is too short for {m}x{k} (row stride {lda})", a.len());
+    }
+    let b_ok = match bl {
+        BLayout::KN { ld } => ld >= n && b.len() >= (k - 1) * ld + n,
+        BLayout::NK { ld } => ld >= k && b.len() >= (n - 1) * ld + k,
+    };
+    if !b_ok {
+        candle_core::bail!("gemm: B of {} values is too short for {k}x{n} ({bl:?})", b.len());
+    }
+    let nr = 2 * match isa {
+        Isa::Avx512 => 16,
+        _ => 8,
+    };
+    // Split the columns first: each task packs its panels of B once and runs all of
+    // its rows of A past them, so B is repacked only as often as the rows are split
+    // (packing a linear weight's [n, k] strip is a transpose, ~15% of the work when
+    // it was repeated for every 200 rows). Rows are split only to feed every thread.
+    let want = 8 * rayon::current_num_threads();
+    let n_blocks = n.div_ceil(nr);
+    let n_tasks = n_blocks.min(want);
+    let m_tasks = want.div_ceil(n_tasks).min(m.div_ceil(MR));
+    let mc = m.div_ceil(m_tasks).div_ceil(MR) * MR;
+    let m_tasks = m.div_ceil(mc);
+    let per = n_blocks.div_ceil(n_tasks);
+    let n_tasks = n_blocks.div_ceil(per);
+    let out = SharedMut(dst.as_mut_ptr());
+    (0..m_tasks * n_tasks).into_par_iter().for_each(|t| {
+        let (mt, nt) = (t / n_tasks, t % n_tasks);
+        let rows = mt * mc..((mt + 1) * mc).min(m);
+        let cols = (nt * per * nr).min(n)..((nt + 1) * per * nr).min(n);
+        if cols.is_empty() {
+            return;
+        }
+        let p = Problem { m, n, k, a, lda, b, bl };
+        PANEL.with(|cell| {
+            let mut panel = cell.borrow_mut();
+            // SAFETY: the task writes only dst rows `rows` x columns `cols`, disjoint
+            // from every other task's and inside dst (m x n, checked above).
+            unsafe {
+                match isa {
+                    #[cfg(target_arch = "x86_64")]
+                    Isa::Avx512 => task_avx512(&p, rows, cols, &mut panel, out),
+                    #[cfg(target_arch = "x86_64")]
+                    Isa::Avx2 => task_avx2(&p, rows, cols, &mut panel, out),
+                    _ => task::<Portable>(&p, rows, cols, &mut panel, out),
+                }
+            }
+        });
+    });
+    Ok(())
+}
+
+struct Problem<'a> {
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &'a [f32],
+    lda: usize,
+    b: &'a [f32],
+    bl: BLayout,
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,fma")]
+unsafe fn task_avx512(p: &Problem, rows: std::ops::Range<usize>, cols: std::ops::Range<usize>, panel: &mut Vec<f32>, out: SharedMut) {
+    // SAFETY: forwarded from the caller.
+    unsafe { task::<super::simd::Avx512>(p, rows, cols, panel, out) }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn task_avx2(p: &Problem, rows: std::ops::Range<usize>, cols: std::ops::Range<usize>, panel: &mut Vec<f32>, out: SharedMut) {
+    // SAFETY: forwarded from the caller.
+    unsafe { task::<super::simd::Avx2>(p, rows, cols, panel, out) }
+}
+
+/// Bytes of B's packed panel (KC x 2 vectors): it is reread by every row block of
+/// the task, so it must stay in a 32 KB L1 with room for the A rows streaming by.
+const PANEL_BYTES: usize = 16 * 1024;
+
+/// One task: rows x cols of the output, panel by panel of B, KC values of k at a
+/// time (the partial sums of one KC chunk are picked up by the next from `out`).
+///
+/// SAFETY: the CPU has `S`'s features; `out` points at the m x n output, of which
+/// this call writes only `rows` x `cols`; the slices in `p` were bounds-checked.
+#[inline(always)]
+unsafe fn task<S: Simd>(p: &Problem, rows: std::ops::Range<usize>, cols: std::ops::Range<usize>, panel: &mut Vec<f32>, out: SharedMut) {
+    let nr = 2 * S::LANES;
+    let k = p.k;
+    let kc_max = (PANEL_BYTES / 4 / nr).min(k);
+    if panel.len() < kc_max * nr {
+        panel.resize(kc_max * nr, 0.0);
+    }
+    let mut tail = [0f32; 64];
+    let mut j0 = cols.start;
+    while j0 < cols.end {
+        let w = nr.min(p.n - j0);
+        let mut k0 = 0;
+        while k0 < k {
+            let kc = kc_max.min(k - k0);
+            let panel = &mut panel[..kc * nr];
+            // Pack B[k0..k0 + kc][j0..j0 + w] into panel[kk * nr + j], zeros past w.
+            // A [k, n] B is packed too: in place its rows lie a power of two apart
+            // (h * w floats), all in the same few L1 sets, evicting each other.
+            match p.bl {
+                BLayout::KN { ld } => {
+                    for kk in 0..kc {
+                        let at = (k0 + kk) * ld + j0;
+                        let dst = &mut panel[kk * nr..(kk + 1) * nr];
+                        dst[..w].copy_from_slice(&p.b[at..at + w]);
+                        dst[w..].fill(0.0);
+                    }
+                }
+                BLayout::NK { ld } => {
+                    if w < nr {
+                        panel.fill(0.0);
+                    }
+                    for j in 0..w {
+                        let at = (j0 + j) * ld + k0;
+                        for (kk, &v) in p.b[at..at + kc].iter().enumerate() {
+                            panel[kk * nr + j] = v;
+                        }
+                    }
+                }
+            }
+            let strip = panel.as_ptr();
+            let mut i0 = rows.start;
+            while i0 < rows.end {
+                let arows: [*const f32; MR] = std::array::from_fn(|i| {
+                    let r = (i0 + i).min(p.m - 1);
+                    // SAFETY: r < m, and row r of A (lda apart, k long) was bounds-checked; k0 < k.
+                    unsafe { p.a.as_ptr().add(r * p.lda + k0) }
+                });
+                let live = MR.min(rows.end - i0);
+                // SAFETY: rows i0..i0 + live < m and columns j0..j0 + w <= n lie in the output.
+                let row_ptr = |i: usize| unsafe { out.get().add((i0 + i) * p.n + j0) };
+                let mut acc = [[unsafe { S::splat(0.0) }; 2]; MR];
+                if k0 > 0 {
+                    for (i, a) in acc.iter_mut().enumerate().take(live) {
+                        // SAFETY: as for row_ptr; a short row goes through `tail`.
+                        unsafe {
+                            if w == nr {
+                                *a = [S::load(row_ptr(i)), S::load(row_ptr(i).add(S::LANES))];
+                            } else {
+                                std::ptr::copy_nonoverlapping(row_ptr(i), tail.as_mut_ptr(), w);
+                                *a = [S::load(tail.as_ptr()), S::load(tail.as_ptr().add(S::LANES))];
+                            }
+                        }
+                    }
+                }
+                // SAFETY: the strip holds kc rows of 2 vectors; each A row pointer kc floats.
+                unsafe { block::<S>(&mut acc, &arows, strip, kc) };
+                for (i, a) in acc.iter().enumerate().take(live) {
+                    // SAFETY: as for row_ptr.
+                    unsafe {
+                        let d = row_ptr(i);
+                        if w == nr {
+                            S::store(d, a[0]);
+                            S::store(d.add(S::LANES), a[1]);
+                        } else {
+                            S::store(tail.as_mut_ptr(), a[0]);
+                            S::store(tail.as_mut_ptr().add(S::LANES), a[1]);
+                            std::ptr::copy_nonoverlapping(tail.as_ptr(), d, w);
+                        }
+                    }
+                }
+                i0 += MR;
+            }
+            k0 += kc;
+        }
+        j0 += nr;
+    }
+}
+
+/// Adds MR rows x 2 vectors of the product over `kc` values of k to `acc`.
+///
+/// SAFETY: the CPU has `S`'s features; each `a[i]` points at kc floats and `b` at
+/// kc rows of 2 * LANES floats.
+#[inline(always)]
+unsafe fn block<S: Simd>(acc: &mut [[S::V; 2]; MR], a: &[*const f32; MR], b: *const f32, kc: usize) {
+    unsafe {
+        let mut r = *acc;
+        for kk in 0..kc {
+            let b0 = S::load(b.add(kk * 2 * S::LANES));
+            let b1 = S::load(b.add(kk * 2 * S::LANES + S::LANES));
+            for i in 0..MR {
+                let av = S::splat(*a[i].add(kk));
+                r[i][0] = S::fmadd(av, b0, r[i][0]);
+                r[i][1] = S::fmadd(av, b1, r[i][1]);
+            }
+        }
+        *acc = r;
+    }
+}
+
+fn f32_contiguous<'a>(t: &'a CpuStorage, l: &Layout, what: &str) -> Result<&'a [f32]> {
+    let CpuStorage::F32(d) = t else {
+        candle_core::bail!("matmul kernel: {what} must be f32");
+    };
+    match l.contiguous_offsets() {
+        Some((s, e)) => Ok(&d[s..e]),
+        None => candle_core::bail!("matmul kernel: {what} must be contiguous"),
+    }
+}
+
+/// `a [m, k] x w^T` with `w [n, k]` (a linear layer), on `isa`; for tests and benches.
+pub fn linear_on(isa: Isa, a: &Tensor, w: &Tensor) -> Result<Tensor> {
+    let (m, k) = a.dims2()?;
+    let (n, wk) = w.dims2()?;
+    if wk != k {
+        candle_core::bail!("linear kernel: input width {k}, weight {:?}", w.dims());
+    }
+    let (a, w) = (a.contiguous()?, w.contiguous()?);
+    let (sa, la) = a.storage_and_layout();
+    let (sw, lw) = w.storage_and_layout();
+    let (candle_core::Storage::Cpu(ca), candle_core::Storage::Cpu(cw)) = (&*sa, &*sw) else {
+        candle_core::bail!("linear kernel: CPU tensors only");
+    };
+    let (ad, wd) = (f32_contiguous(ca, la, "input")?, f32_contiguous(cw, lw, "weight")?);
+    let mut out = vec![0f32; m * n];
+    gemm(isa, m, n, k, ad, k, wd, BLayout::NK { ld: k }, &mut out)?;
+    drop((sa, sw));
+    Tensor::from_vec(out, Shape::from((m, n)), a.device())
+}
+
+/// As [`linear_on`] on this CPU's widest instruction set.
+pub fn linear(a: &Tensor, w: &Tensor) -> Result<Tensor> {
+    linear_on(isa(), a, w)
+}

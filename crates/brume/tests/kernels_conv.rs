@@ -1,0 +1,115 @@
+//! The direct 3x3 convolution kernel against candle's conv2d, on every instruction
+//! set this CPU runs: channel counts that are and are not multiples of the 6-channel
+//! register block, widths with and without vector tails (down to 1 pixel), batches,
+//! and the layer path (`Conv2d` over mapped f32 weights) that dispatches to it.
+
+use brume::kernels::conv3x3::conv3x3_on;
+use brume::kernels::Isa;
+use brume::samplers::Rng;
+use candle_core::{Device, Tensor};
+
+fn rel_err(got: &Tensor, want: &Tensor) -> f32 {
+    let diff = (got - want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+    let scale = want.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+    diff / scale.max(f32::MIN_POSITIVE)
+}
+
+#[test]
+fn conv3x3_many_shapes() {
+    let dev = Device::Cpu;
+    let mut rng = Rng::new(11);
+    for &(b, c, o, h, w) in &[
+        (1, 1, 1, 1, 1),
+        (1, 3, 5, 4, 7),
+        (2, 4, 6, 8, 8),
+        (1, 16, 16, 16, 16),
+        (1, 7, 13, 9, 17),
+        (2, 5, 7, 3, 33),
+        (1, 32, 12, 12, 40),
+        (1, 64, 19, 5, 64),
+        (1, 9, 4, 31, 2),
+    ] {
+        let x = rng.randn(&[b, c, h, w], &dev).unwrap();
+        let k = rng.randn(&[o, c, 3, 3], &dev).unwrap();
+        let want = x.conv2d(&k, 1, 1, 1, 1).unwrap();
+        for isa in Isa::all_supported() {
+            let got = conv3x3_on(isa, &x, &k).unwrap();
+            assert_eq!(got.dims(), want.dims());
+            let err = rel_err(&got, &want);
+            assert!(err <= 2e-6, "{} {:?}: rel err {err:.2e}", isa.name(), (b, c, o, h, w));
+        }
+    }
+}
+
+#[test]
+fn conv3x3_rejects_mismatched_kernels() {
+    let dev = Device::Cpu;
+    let x = Tensor::zeros((1, 4, 8, 8), candle_core::DType::F32, &dev).unwrap();
+    let wrong_in = Tensor::zeros((2, 3, 3, 3), candle_core::DType::F32, &dev).unwrap();
+    let wrong_k = Tensor::zeros((2, 4, 1, 1), candle_core::DType::F32, &dev).unwrap();
+    for isa in Isa::all_supported() {
+        assert!(conv3x3_on(isa, &x, &wrong_in).is_err());
+        assert!(conv3x3_on(isa, &x, &wrong_k).is_err());
+    }
+}
+
+#[test]
+fn layer_dispatch_matches_plain_conv_in_both_modes() {
+    use brume::kernels::{set_mode, KernelMode};
+    use brume::layers::mapped::conv2d_dense;
+    let dev = Device::Cpu;
+    let mut rng = Rng::new(12);
+    let x = rng.randn(&[1, 24, 20, 20], &dev).unwrap();
+    let k = rng.randn(&[30, 24, 3, 3], &dev).unwrap();
+    let want = x.conv2d(&k, 1, 1, 1, 1).unwrap();
+    // Fast mode runs the direct kernel, reference mode the im2col + GEMM path.
+    for mode in [KernelMode::Fast, KernelMode::Reference] {
+        set_mode(mode);
+        let got = conv2d_dense(&x, &k, 1, 1).unwrap();
+        set_mode(KernelMode::Fast);
+        assert!(rel_err(&got, &want) <= 2e-6, "{mode:?}");
+    }
+}
+
+#[test]
+fn linear_kernel_many_shapes() {
+    use brume::kernels::matmul::linear_on;
+    let dev = Device::Cpu;
+    let mut rng = Rng::new(13);
+    for &(m, k, n) in &[(1, 1, 1), (1, 320, 1280), (5, 7, 3), (6, 16, 16), (77, 64, 64), (130, 96, 257), (49, 33, 40), (300, 320, 33)] {
+        let a = rng.randn(&[m, k], &dev).unwrap();
+        let w = rng.randn(&[n, k], &dev).unwrap();
+        let want = a.matmul(&w.t().unwrap()).unwrap();
+        for isa in Isa::all_supported() {
+            let got = linear_on(isa, &a, &w).unwrap();
+            assert_eq!(got.dims(), want.dims());
+            let err = rel_err(&got, &want);
+            assert!(err <= 2e-6, "{} {:?}: rel err {err:.2e}", isa.name(), (m, k, n));
+        }
+    }
+}
+
+/// bf16 products, f32 sums: against candle's f32 conv of the bf16-rounded factors,
+/// the only difference left is the order of the sums.
+#[test]
+fn conv3x3_bf16_matches_the_rounded_f32_conv() {
+    use brume::kernels::conv3x3_bf16::{conv3x3_bf16, supported};
+    if !supported() {
+        eprintln!("no AVX512-BF16 on this CPU: bf16 conv not run");
+        return;
+    }
+    let dev = Device::Cpu;
+    let mut rng = Rng::new(14);
+    let round = |t: &Tensor| t.to_dtype(candle_core::DType::BF16).unwrap().to_dtype(candle_core::DType::F32).unwrap();
+    for &(b, c, o, h, w) in &[(1, 1, 1, 1, 1), (1, 3, 5, 4, 7), (2, 4, 6, 8, 8), (1, 7, 13, 9, 17), (2, 5, 7, 3, 33), (1, 64, 19, 5, 64), (1, 32, 12, 12, 40)] {
+        let x = rng.randn(&[b, c, h, w], &dev).unwrap();
+        let k = rng.randn(&[o, c, 3, 3], &dev).unwrap();
+        let got = conv3x3_bf16(&x, &k).unwrap();
+        let want = round(&x).conv2d(&round(&k), 1, 1, 1, 1).unwrap();
+        let err = rel_err(&got, &want);
+        assert!(err <= 1e-5, "{:?}: rel err {err:.2e} vs the rounded f32 conv", (b, c, o, h, w));
+        // And against the f32 conv itself: bf16's rounding of both factors.
+        let full = x.conv2d(&k, 1, 1, 1, 1).unwrap();
+        assert!(rel_err(&got, &full) <= 2e-2, "{:?}", (b, c, o, h, w));
+    }
+}
