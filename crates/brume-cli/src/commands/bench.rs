@@ -24,8 +24,11 @@ pub enum Bench {
     /// Estimated vs measured peak memory over tiers x sizes x memory plans, each
     /// row in a child process under an enforced limit equal to its budget.
     Memory(super::bench_memory::MemArgs),
-    /// Each CPU kernel vs candle's plain path vs PyTorch (attention, group norm).
+    /// Each CPU kernel vs candle's plain path vs PyTorch (attention, group norm, conv).
     Kernels(super::bench_kernels::KernelArgs),
+    /// brume vs PyTorch, ONNX Runtime and OpenVINO per component (UNets, VAE
+    /// decoders, text encoder) on the same random-weight models.
+    Speed(super::bench_speed::SpeedArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -55,6 +58,7 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
         Bench::PrecisionRun(a) => super::bench_precision::run_child(a),
         Bench::Memory(a) => super::bench_memory::run(a),
         Bench::Kernels(a) => super::bench_kernels::run(a),
+        Bench::Speed(a) => super::bench_speed::run(a),
     }
 }
 

@@ -3,6 +3,7 @@ pub mod bench_precision;
 pub mod convert;
 pub mod bench_memory;
 pub mod bench_kernels;
+pub mod bench_speed;
 pub mod doctor;
 pub mod edit;
 pub mod eval;

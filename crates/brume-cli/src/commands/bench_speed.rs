@@ -1,0 +1,462 @@
+//! `brume bench speed`: brume against its peers, component by component, in one run.
+//!
+//! Every engine runs the same random-weight model folder (built from the real SD 1.5
+//! and SDXS-512 configs by `brume random-model`) on the same inputs: brume in this
+//! process, PyTorch / ONNX Runtime / OpenVINO in a child Python (`tools/bench/speed.py`)
+//! that answers one timed forward pass per request, so the variants alternate run by
+//! run and a busy machine slows them alike. Errors are against PyTorch f32; GFLOP/s
+//! count the convolutions, matmuls and attention as PyTorch's FlopCounterMode does,
+//! and the percentage is of the ceiling this machine measures for itself
+//! ([`brume::kernels::peak`]).
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use brume::kernels::{Compute, KernelMode};
+use brume::loading::safetensors::StoredDType;
+use brume::loading::Segment;
+use brume::pipelines::model::{OpenOptions, SdModel};
+use brume::pipelines::random_model;
+use candle_core::{DType, Device, Tensor};
+use serde_json::{json, Value};
+
+use super::bench::spread;
+
+#[derive(clap::Args, Debug)]
+pub struct SpeedArgs {
+    /// Components, each KIND-MODEL[@SIZE]: unet-sd15@512, unet-sdxs@256, vae-sd15@512
+    /// (the KL decoder), taesd-sdxs@512 (the tiny decoder), text-sd15.
+    #[arg(long, value_delimiter = ',', default_values_t = [
+        "text-sd15".to_string(), "unet-sd15@256".into(), "unet-sdxs@256".into(), "unet-sdxs@512".into(),
+        "taesd-sdxs@512".into(), "vae-sd15@512".into(), "unet-sd15@512".into()])]
+    components: Vec<String>,
+    /// Peer variants (torch-f32 always runs: it is the error reference).
+    #[arg(long, value_delimiter = ',', default_values_t = [
+        "torch-bf16".to_string(), "onnxruntime-f32".into(), "openvino-f32".into(), "openvino-bf16".into()])]
+    peers: Vec<String>,
+    /// brume's modes: `fast` (its kernels, f32), `bf16` (its kernels with bf16
+    /// products, where the CPU has AVX512-BF16) and `reference` (candle's plain ops).
+    #[arg(long, value_delimiter = ',', default_values_t = ["fast".to_string(), "bf16".into(), "reference".into()])]
+    modes: Vec<String>,
+    /// Timed runs per variant (after one warm-up), alternated between the variants.
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// SD 1.5 model folder (default: a random f32 one written into --work).
+    #[arg(long)]
+    sd15: Option<PathBuf>,
+    /// SDXS-512 model folder (default: a random f32 one written into --work).
+    #[arg(long)]
+    sdxs: Option<PathBuf>,
+    /// Where the random models, the exported peers' graphs and the outputs go.
+    #[arg(long, default_value = "/tmp/brume-bench-speed")]
+    work: PathBuf,
+    /// A Python with tools/bench/requirements.txt installed (tools/bench/setup.sh).
+    #[arg(long, default_value = "python3")]
+    python: String,
+    /// The peers' script (default: tools/bench/speed.py of this source tree).
+    #[arg(long)]
+    script: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Unet,
+    VaeDecoder,
+    TinyDecoder,
+    TextEncoder,
+}
+
+#[derive(Debug, Clone)]
+struct Component {
+    name: String,
+    kind: Kind,
+    /// `sd15` or `sdxs`.
+    model: &'static str,
+    size: usize,
+}
+
+impl Component {
+    fn parse(s: &str) -> anyhow::Result<Self> {
+        let (head, size) = match s.split_once('@') {
+            Some((h, n)) => (h, n.parse::<usize>().with_context(|| format!("component `{s}`: size `{n}` is not a number"))?),
+            None => (s, 512),
+        };
+        let (kind, model) = head.split_once('-').with_context(|| format!("component `{s}` is not KIND-MODEL[@SIZE]"))?;
+        let kind = match kind {
+            "unet" => Kind::Unet,
+            "vae" => Kind::VaeDecoder,
+            "taesd" => Kind::TinyDecoder,
+            "text" => Kind::TextEncoder,
+            other => bail!("component `{s}`: unknown kind `{other}` (unet, vae, taesd, text)"),
+        };
+        let model = match model {
+            "sd15" => "sd15",
+            "sdxs" => "sdxs",
+            other => bail!("component `{s}`: unknown model `{other}` (sd15, sdxs)"),
+        };
+        if size == 0 || size % 8 != 0 || size > 2048 {
+            bail!("component `{s}`: size must be a multiple of 8 up to 2048");
+        }
+        Ok(Self { name: s.replace(['@', '-'], "_"), kind, model, size })
+    }
+
+    fn label(&self) -> String {
+        match self.kind {
+            Kind::TextEncoder => format!("{} text encoder, 77 tokens", self.model),
+            Kind::Unet => format!("{} UNet {}x{}", self.model, self.size, self.size),
+            Kind::VaeDecoder => format!("{} VAE decoder to {}x{}", self.model, self.size, self.size),
+            Kind::TinyDecoder => format!("{} tiny VAE decoder to {}x{}", self.model, self.size, self.size),
+        }
+    }
+
+    fn subfolder(&self) -> &'static str {
+        match self.kind {
+            Kind::Unet => "unet",
+            Kind::VaeDecoder | Kind::TinyDecoder => "vae",
+            Kind::TextEncoder => "text_encoder",
+        }
+    }
+
+    fn segment(&self) -> Segment {
+        match self.kind {
+            Kind::Unet => Segment::Unet,
+            Kind::VaeDecoder | Kind::TinyDecoder => Segment::VaeDecoder,
+            Kind::TextEncoder => Segment::TextEncoder,
+        }
+    }
+}
+
+/// One component loaded in brume, with the inputs both sides run.
+enum Loaded {
+    Unet(brume::models::unet_2d_condition::UNet2DConditionModel, Tensor, f32, Tensor),
+    Decoder(brume::pipelines::model::AnyVaeDecoder, Tensor),
+    Text(brume::models::clip::ClipTextModel, Tensor),
+}
+
+impl Loaded {
+    fn run(&self) -> candle_core::Result<Tensor> {
+        match self {
+            Loaded::Unet(u, x, t, ctx) => u.forward(x, &[*t], ctx, None),
+            Loaded::Decoder(d, z) => d.decode(z),
+            Loaded::Text(te, ids) => Ok(te.forward(ids, 0)?.hidden),
+        }
+    }
+}
+
+fn load(model: &SdModel, c: &Component, dev: &Device, work: &Path) -> anyhow::Result<(Loaded, Vec<Value>)> {
+    let mut rng = brume::samplers::Rng::new(7);
+    let mut inputs = Vec::new();
+    let f32_input = |name: &str, t: &Tensor, inputs: &mut Vec<Value>| -> anyhow::Result<()> {
+        let file = format!("{}.{name}.in", c.name);
+        write_f32(&work.join(&file), t)?;
+        inputs.push(json!([file, t.dims(), "f32"]));
+        Ok(())
+    };
+    let loaded = match c.kind {
+        Kind::Unet => {
+            let unet = model.unet(dev, DType::F32)?;
+            let f = model.vae_config.scale_factor();
+            let x = rng.randn(&[1, model.unet_config.in_channels, c.size / f, c.size / f], dev)?;
+            let ctx = rng.randn(&[1, 77, model.unet_config.cross_attention_dim[0]], dev)?;
+            let t = 500f32;
+            f32_input("sample", &x, &mut inputs)?;
+            f32_input("t", &Tensor::new(&[t], dev)?, &mut inputs)?;
+            f32_input("context", &ctx, &mut inputs)?;
+            Loaded::Unet(unet, x, t, ctx)
+        }
+        Kind::VaeDecoder | Kind::TinyDecoder => {
+            let dec = model.vae_decoder(dev, DType::F32)?;
+            let f = model.vae_config.scale_factor();
+            let z = rng.randn(&[1, model.vae_config.latent_channels(), c.size / f, c.size / f], dev)?;
+            f32_input("latents", &z, &mut inputs)?;
+            Loaded::Decoder(dec, z)
+        }
+        Kind::TextEncoder => {
+            let te = model.text_encoder(dev, DType::F32)?;
+            // A fixed, valid token sequence: BOS, words, EOS padding (as SD pads).
+            let mut ids: Vec<u32> = vec![49406];
+            ids.extend((1..20u32).map(|i| (i * 7919 + 13) % 49406));
+            ids.resize(77, 49407);
+            let file = format!("{}.ids.in", c.name);
+            let bytes: Vec<u8> = ids.iter().flat_map(|x| x.to_le_bytes()).collect();
+            std::fs::write(work.join(&file), bytes)?;
+            inputs.push(json!([file, [1, 77], "u32"]));
+            Loaded::Text(te, Tensor::from_vec(ids, (1, 77), dev)?)
+        }
+    };
+    Ok((loaded, inputs))
+}
+
+fn write_f32(path: &Path, t: &Tensor) -> anyhow::Result<()> {
+    let data = t.flatten_all()?.to_vec1::<f32>()?;
+    let bytes: Vec<u8> = data.iter().flat_map(|x| x.to_le_bytes()).collect();
+    std::fs::write(path, bytes).with_context(|| format!("writing {}", path.display()))
+}
+
+fn read_f32(path: &Path, like: &Tensor) -> anyhow::Result<Tensor> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let data: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    if data.len() != like.elem_count() {
+        bail!("{}: {} values, expected {} (shape {:?})", path.display(), data.len(), like.elem_count(), like.dims());
+    }
+    Ok(Tensor::from_vec(data, like.shape(), like.device())?)
+}
+
+/// max |got - want| / max |want|.
+fn rel_err(got: &Tensor, want: &Tensor) -> anyhow::Result<f32> {
+    let diff = (got.contiguous()? - want)?.abs()?.max_all()?.to_scalar::<f32>()?;
+    Ok(diff / want.abs()?.max_all()?.to_scalar::<f32>()?.max(f32::MIN_POSITIVE))
+}
+
+/// The peers' Python child.
+struct Peers {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    version: String,
+}
+
+impl Peers {
+    fn start(python: &str, script: &Path, work: &Path, threads: usize) -> anyhow::Result<Self> {
+        let mut child = Command::new(python)
+            .arg(script)
+            .arg(work)
+            .arg(threads.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .with_context(|| format!("starting {python} {}", script.display()))?;
+        let (stdin, stdout) = match (child.stdin.take(), child.stdout.take()) {
+            (Some(i), Some(o)) => (i, BufReader::new(o)),
+            _ => bail!("no pipes to {python}"),
+        };
+        let mut p = Self { child, stdin, stdout, version: String::new() };
+        let ready = p.read()?;
+        p.version = ready["ready"].as_str().context("the peers' script did not start")?.to_owned();
+        Ok(p)
+    }
+
+    fn read(&mut self) -> anyhow::Result<Value> {
+        let mut s = String::new();
+        if self.stdout.read_line(&mut s)? == 0 {
+            bail!("the peers' script exited (its error is above)");
+        }
+        let v: Value = serde_json::from_str(&s).with_context(|| format!("the peers' script answered `{}`", s.trim()))?;
+        if let Some(e) = v.get("error") {
+            bail!("the peers' script: {e}");
+        }
+        Ok(v)
+    }
+
+    fn ask(&mut self, req: Value) -> anyhow::Result<Value> {
+        writeln!(self.stdin, "{req}")?;
+        self.stdin.flush()?;
+        self.read()
+    }
+}
+
+impl Drop for Peers {
+    fn drop(&mut self) {
+        let _ = writeln!(self.stdin, "{}", json!({"cmd": "quit"}));
+        let _ = self.stdin.flush();
+        let _ = self.child.wait();
+    }
+}
+
+fn default_script() -> PathBuf {
+    let local = PathBuf::from("tools/bench/speed.py");
+    if local.exists() {
+        local
+    } else {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/bench/speed.py")
+    }
+}
+
+/// The model folder for `name`: the user's, or a random f32 one from the real config.
+fn model_folder(a: &SpeedArgs, name: &str) -> anyhow::Result<PathBuf> {
+    let (given, preset) = match name {
+        "sd15" => (&a.sd15, "sd15"),
+        _ => (&a.sdxs, "sdxs-512"),
+    };
+    if let Some(p) = given {
+        return Ok(p.clone());
+    }
+    let dir = a.work.join(format!("{preset}-f32"));
+    if !dir.join("model_index.json").exists() {
+        let p = random_model::preset(preset).context("missing preset")?;
+        eprintln!("writing a random f32 {preset} model to {} ...", dir.display());
+        random_model::write(p, &dir, StoredDType::F32, 0).with_context(|| format!("writing {}", dir.display()))?;
+    }
+    Ok(dir)
+}
+
+/// One way brume runs: which kernels, multiplying in what.
+#[derive(Debug, Clone, Copy)]
+struct Mode {
+    kernels: KernelMode,
+    compute: Compute,
+}
+
+impl Mode {
+    fn name(&self) -> &'static str {
+        match (self.kernels, self.compute) {
+            (KernelMode::Reference, _) => "reference",
+            (KernelMode::Fast, Compute::F32) => "fast",
+            (KernelMode::Fast, Compute::Bf16) => "bf16",
+        }
+    }
+}
+
+struct Row {
+    variant: String,
+    precision: String,
+    times: Vec<f64>,
+    err: Option<f32>,
+}
+
+pub fn run(a: SpeedArgs) -> anyhow::Result<()> {
+    if a.runs == 0 {
+        bail!("--runs must be at least 1");
+    }
+    let components = a.components.iter().map(|s| Component::parse(s)).collect::<anyhow::Result<Vec<_>>>()?;
+    let mut modes = Vec::new();
+    for m in &a.modes {
+        match m.as_str() {
+            "fast" => modes.push(Mode { kernels: KernelMode::Fast, compute: Compute::F32 }),
+            "reference" => modes.push(Mode { kernels: KernelMode::Reference, compute: Compute::F32 }),
+            "bf16" if brume::kernels::conv3x3_bf16::supported() => modes.push(Mode { kernels: KernelMode::Fast, compute: Compute::Bf16 }),
+            "bf16" => eprintln!("--modes bf16 left out: this CPU has no AVX512-BF16"),
+            other => bail!("--modes: `{other}` is not fast, bf16 or reference"),
+        }
+    }
+    if modes.is_empty() {
+        bail!("--modes: nothing to run");
+    }
+    let mut peers_wanted = vec!["torch-f32".to_string()];
+    peers_wanted.extend(a.peers.iter().filter(|p| p.as_str() != "torch-f32" && p.as_str() != "none").cloned());
+    std::fs::create_dir_all(&a.work).with_context(|| format!("creating {}", a.work.display()))?;
+    let threads = candle_core::utils::get_num_threads();
+    let peak = brume::kernels::peak::peak_f32_gflops(Duration::from_millis(500));
+    let script = a.script.clone().unwrap_or_else(default_script);
+    let mut peers = Peers::start(&a.python, &script, &a.work, threads)?;
+    println!(
+        "brume bench speed: isa {}, {threads} threads, measured f32 peak {peak:.0} GFLOP/s; peers: {}; {} alternated runs per variant",
+        brume::kernels::isa().name(),
+        peers.version,
+        a.runs
+    );
+    let dev = Device::Cpu;
+    let mut summary = Vec::new();
+    for c in &components {
+        let folder = model_folder(&a, c.model)?;
+        let model = SdModel::open(&folder, &OpenOptions::default()).with_context(|| format!("opening {}", folder.display()))?;
+        eprintln!("{}: loading ...", c.name);
+        let (loaded, inputs) = load(&model, c, &dev, &a.work)?;
+        let kind = match c.kind {
+            Kind::Unet => "unet",
+            Kind::VaeDecoder => "vae_decoder",
+            Kind::TinyDecoder => "tiny_decoder",
+            Kind::TextEncoder => "text_encoder",
+        };
+        let ans = peers.ask(json!({"cmd": "load", "name": c.name, "kind": kind, "model": folder, "subfolder": c.subfolder(),
+            "inputs": inputs, "variants": peers_wanted}))?;
+        let flops = ans["flops"].as_f64().unwrap_or(0.0);
+        let ready: Vec<String> = ans["variants"].as_array().map(|v| v.iter().filter_map(|x| x.as_str().map(str::to_owned)).collect()).unwrap_or_default();
+        if !ready.iter().any(|v| v == "torch-f32") {
+            bail!("{}: PyTorch f32 (the error reference) did not load: {}", c.name, ans["skipped"]);
+        }
+        let mut rows: Vec<Row> = modes
+            .iter()
+            .map(|m| Row { variant: format!("brume {}", m.name()), precision: m.compute.name().into(), times: Vec::new(), err: None })
+            .collect();
+        rows.extend(ready.iter().map(|v| Row {
+            variant: v.clone(),
+            precision: ans["precision"][v].as_str().unwrap_or("").to_owned(),
+            times: Vec::new(),
+            err: None,
+        }));
+        let brume_run = |m: Mode| -> anyhow::Result<(f64, Tensor)> {
+            brume::kernels::set_mode(m.kernels);
+            brume::kernels::set_compute(m.compute).map_err(anyhow::Error::msg)?;
+            let t = Instant::now();
+            let y = loaded.run()?;
+            Ok((t.elapsed().as_secs_f64(), y))
+        };
+        // Warm-up round: one run of each, which also gives the outputs for the errors.
+        let mut outs = Vec::new();
+        for m in &modes {
+            outs.push(brume_run(*m)?.1);
+        }
+        for v in &ready {
+            peers.ask(json!({"cmd": "run", "name": c.name, "variant": v}))?;
+        }
+        let want = read_f32(&a.work.join(format!("{}.torch-f32.f32", c.name)), &outs[0])?;
+        for (i, y) in outs.iter().enumerate() {
+            rows[i].err = Some(rel_err(y, &want)?);
+        }
+        for (j, v) in ready.iter().enumerate() {
+            let got = read_f32(&a.work.join(format!("{}.{v}.f32", c.name)), &outs[0])?;
+            rows[modes.len() + j].err = Some(rel_err(&got, &want)?);
+        }
+        for r in 0..a.runs {
+            eprint!("\r{}: run {}/{}", c.name, r + 1, a.runs);
+            for (i, m) in modes.iter().enumerate() {
+                rows[i].times.push(brume_run(*m)?.0);
+            }
+            for (j, v) in ready.iter().enumerate() {
+                let s = peers.ask(json!({"cmd": "run", "name": c.name, "variant": v}))?["s"].as_f64().context("no time in the answer")?;
+                rows[modes.len() + j].times.push(s);
+            }
+        }
+        eprintln!();
+        brume::kernels::set_mode(KernelMode::Fast);
+        brume::kernels::set_compute(Compute::F32).map_err(anyhow::Error::msg)?;
+        peers.ask(json!({"cmd": "unload", "name": c.name}))?;
+        drop(loaded);
+        model.release(c.segment());
+
+        println!();
+        println!("{} ({:.1} GFLOP)", c.label(), flops / 1e9);
+        println!("{:<18} {:<10} {:>9} {:>9} {:>9} {:>8} {:>6} {:>9}", "variant", "precision", "median s", "min s", "max s", "GFLOP/s", "%peak", "err");
+        for r in &rows {
+            let (med, min, max) = spread(&r.times).context("no timed runs")?;
+            let g = flops / med / 1e9;
+            println!(
+                "{:<18} {:<10} {:>9.4} {:>9.4} {:>9.4} {:>8.1} {:>5.0}% {:>9.1e}",
+                r.variant,
+                r.precision,
+                med,
+                min,
+                max,
+                g,
+                100.0 * g / peak,
+                r.err.unwrap_or(f32::NAN)
+            );
+        }
+        // brume's fastest mode within the error bar, against every peer.
+        let med = |r: &Row| spread(&r.times).map(|s| s.0).unwrap_or(f64::NAN);
+        let best = rows[..modes.len()].iter().filter(|r| r.err.is_some_and(|e| e <= 1e-2)).min_by(|x, y| med(x).total_cmp(&med(y)));
+        if let Some(b) = best {
+            let ratios: Vec<String> = rows[modes.len()..].iter().map(|p| format!("{} {:.2}", p.variant, med(b) / med(p))).collect();
+            println!("{} / peer: {}", b.variant, ratios.join(", "));
+            let fastest_peer = rows[modes.len()..].iter().min_by(|x, y| med(x).total_cmp(&med(y)));
+            if let Some(p) = fastest_peer {
+                summary.push(format!("{:<40} {} {:.3} s vs fastest peer {} {:.3} s: ratio {:.2}", c.label(), b.variant, med(b), p.variant, med(p), med(b) / med(p)));
+            }
+        }
+        for (v, why) in ans["skipped"].as_object().into_iter().flatten() {
+            println!("skipped {v}: {}", why.as_str().unwrap_or(""));
+        }
+    }
+    println!();
+    println!("summary (ratio < 1: brume faster):");
+    for s in summary {
+        println!("  {s}");
+    }
+    println!("err: max|out - torch f32| / max|torch f32|. GFLOP: conv + matmul + attention as torch's FlopCounterMode counts them.");
+    Ok(())
+}
