@@ -37,6 +37,8 @@ def main():
             x = load(folder, f"{name}.x.f32", c["x"])
             w = load(folder, f"{name}.w.f32", c["w"])
             ops[name] = lambda x=x, w=w: F.linear(x, w)
+            xb, wb = x.bfloat16(), w.bfloat16()
+            ops[name + ".bf16"] = lambda x=xb, w=wb: F.linear(x, w).float()
         elif c["op"] == "conv2d":
             x = load(folder, f"{name}.x.f32", c["x"])
             w = load(folder, f"{name}.w.f32", c["w"])

@@ -22,8 +22,8 @@ struct Cli {
     /// ops, to check a result or a timing against them).
     #[arg(long, global = true, default_value = "fast", value_parser = ["fast", "reference"])]
     kernels: String,
-    /// What the CPU kernels multiply in: `f32`, or `bf16` (the 3x3 convolutions'
-    /// products rounded to bf16, f32 sums; AVX512-BF16 CPUs; ~1e-3 relative error).
+    /// What the CPU kernels multiply in: `f32`, or `bf16` (convolutions' and linear
+    /// layers' factors rounded to bf16, f32 sums; AVX512-BF16 CPUs; ~1e-3 relative error).
     #[arg(long, global = true, default_value = "f32", value_parser = ["f32", "bf16"])]
     compute: String,
     #[command(subcommand)]

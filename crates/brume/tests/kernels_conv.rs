@@ -8,6 +8,10 @@ use brume::kernels::Isa;
 use brume::samplers::Rng;
 use candle_core::{Device, Tensor};
 
+/// The kernel mode and compute precision are process-wide: tests that switch them
+/// take this lock so they do not switch each other's.
+static GLOBAL_SWITCHES: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn rel_err(got: &Tensor, want: &Tensor) -> f32 {
     let diff = (got - want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
     let scale = want.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
@@ -57,6 +61,7 @@ fn conv3x3_rejects_mismatched_kernels() {
 fn layer_dispatch_matches_plain_conv_in_both_modes() {
     use brume::kernels::{set_mode, KernelMode};
     use brume::layers::mapped::conv2d_dense;
+    let _switches = GLOBAL_SWITCHES.lock().unwrap_or_else(|e| e.into_inner());
     let dev = Device::Cpu;
     let mut rng = Rng::new(12);
     let x = rng.randn(&[1, 24, 20, 20], &dev).unwrap();
@@ -111,5 +116,53 @@ fn conv3x3_bf16_matches_the_rounded_f32_conv() {
         // And against the f32 conv itself: bf16's rounding of both factors.
         let full = x.conv2d(&k, 1, 1, 1, 1).unwrap();
         assert!(rel_err(&got, &full) <= 2e-2, "{:?}", (b, c, o, h, w));
+    }
+}
+
+#[test]
+fn linear_bf16_matches_the_rounded_f32_product() {
+    use brume::kernels::conv3x3_bf16::supported;
+    use brume::kernels::matmul_bf16::linear_bf16;
+    if !supported() {
+        eprintln!("no AVX512-BF16 on this CPU: bf16 GEMM not run");
+        return;
+    }
+    let dev = Device::Cpu;
+    let mut rng = Rng::new(15);
+    let round = |t: &Tensor| t.to_dtype(candle_core::DType::BF16).unwrap().to_dtype(candle_core::DType::F32).unwrap();
+    // k odd and past one 256-value panel, n with and without vector tails, m under a block.
+    for &(m, k, n) in &[(1, 1, 1), (5, 7, 3), (6, 16, 16), (77, 64, 64), (130, 301, 257), (49, 33, 40), (300, 320, 33), (13, 640, 96)] {
+        let a = rng.randn(&[m, k], &dev).unwrap();
+        let w = rng.randn(&[n, k], &dev).unwrap();
+        let got = linear_bf16(&a, &w).unwrap();
+        let want = round(&a).matmul(&round(&w).t().unwrap()).unwrap();
+        let err = rel_err(&got, &want);
+        assert!(err <= 1e-5, "{:?}: rel err {err:.2e} vs the rounded f32 product", (m, k, n));
+        assert!(rel_err(&got, &a.matmul(&w.t().unwrap()).unwrap()) <= 2e-2, "{:?}", (m, k, n));
+    }
+}
+
+#[test]
+fn layers_follow_the_compute_precision() {
+    use brume::kernels::conv3x3_bf16::supported;
+    use brume::kernels::{set_compute, Compute};
+    use brume::layers::mapped::conv2d_dense;
+    let _switches = GLOBAL_SWITCHES.lock().unwrap_or_else(|e| e.into_inner());
+    if !supported() {
+        assert!(set_compute(Compute::Bf16).is_err(), "bf16 must be refused without AVX512-BF16");
+        return;
+    }
+    let dev = Device::Cpu;
+    let mut rng = Rng::new(16);
+    let x = rng.randn(&[1, 16, 12, 12], &dev).unwrap();
+    for (k, p) in [(3, 1), (1, 0)] {
+        let w = rng.randn(&[8, 16, k, k], &dev).unwrap();
+        let f32_out = conv2d_dense(&x, &w, 1, p).unwrap();
+        set_compute(Compute::Bf16).unwrap();
+        let bf16_out = conv2d_dense(&x, &w, 1, p);
+        set_compute(Compute::F32).unwrap();
+        let e = rel_err(&bf16_out.unwrap(), &f32_out);
+        // Rounded factors: visibly different from f32, still within bf16's error.
+        assert!(e > 1e-6 && e <= 2e-2, "{k}x{k}: {e:.2e}");
     }
 }

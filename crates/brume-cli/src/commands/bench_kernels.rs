@@ -64,11 +64,12 @@ impl Case {
 
     /// brume's other paths for this op, by name: the im2col + GEMM conv (what
     /// `--kernels reference` runs on mapped weights) and, on a CPU with
-    /// AVX512-BF16, the bf16-product 3x3 conv (`--compute bf16`).
+    /// AVX512-BF16, the bf16-product 3x3 conv and GEMM (`--compute bf16`).
     fn alternatives(&self) -> Vec<&'static str> {
         match &self.op {
             Op::Conv { padding: 1, .. } if brume::kernels::conv3x3_bf16::supported() => vec!["im2col", "bf16"],
             Op::Conv { .. } => vec!["im2col"],
+            Op::Linear { .. } if brume::kernels::conv3x3_bf16::supported() => vec!["bf16"],
             _ => Vec::new(),
         }
     }
@@ -82,6 +83,7 @@ impl Case {
                 y
             }
             (Op::Conv { x, w, .. }, "bf16") => brume::kernels::conv3x3_bf16::conv3x3_bf16(x, w),
+            (Op::Linear { x, w }, "bf16") => brume::kernels::matmul_bf16::linear_bf16(x, w),
             _ => candle_core::bail!("no {name} path for {}", self.name),
         }
     }

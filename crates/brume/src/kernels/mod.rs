@@ -15,6 +15,7 @@ pub mod conv3x3_bf16;
 pub mod flash_attention;
 pub mod group_norm;
 pub mod matmul;
+pub mod matmul_bf16;
 pub mod peak;
 mod simd;
 
@@ -67,8 +68,9 @@ pub fn mode() -> KernelMode {
 }
 
 /// What the kernels multiply in. Activations and sums stay f32 either way; `Bf16`
-/// rounds the factors of the 3x3 convolutions to bf16 and multiplies them with
-/// AVX512-BF16 dot products, twice the f32 rate (error ~1e-3 relative).
+/// rounds the factors of the 3x3 convolutions, linear layers and 1x1 convolutions
+/// to bf16 and multiplies them with AVX512-BF16 dot products, twice the f32 rate
+/// (error ~1e-3 relative); attention and norms stay f32.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Compute {
     F32,

@@ -179,7 +179,11 @@ impl CustomOp1 for LinearOp<'_> {
         // b[k, n] = W[n, k]: moving along k is stride 1, along n stride `in`.
         if fast() {
             use crate::kernels::matmul::{gemm, BLayout};
-            self.0.with_data(|w| gemm(crate::kernels::isa(), rows, n, k, x, k, w, BLayout::NK { ld: k }, &mut dst))??;
+            let b = BLayout::NK { ld: k };
+            self.0.with_data(|w| match crate::kernels::compute() {
+                crate::kernels::Compute::Bf16 => crate::kernels::matmul_bf16::gemm(rows, n, k, x, k, w, b, &mut dst),
+                crate::kernels::Compute::F32 => gemm(crate::kernels::isa(), rows, n, k, x, k, w, b, &mut dst),
+            })??;
         } else {
             self.0.with_data(|w| sgemm(rows, n, k, &mut dst, x, k, 1, w, 1, k))?;
         }
@@ -245,7 +249,11 @@ impl CustomOp1 for ConvOp<'_> {
                 let out = &mut dst[n * o * hw..(n + 1) * o * hw];
                 if direct && fast() {
                     use crate::kernels::matmul::{gemm, BLayout};
-                    gemm(crate::kernels::isa(), o, hw, ck, weights, ck, img, BLayout::KN { ld: hw }, out)?;
+                    let bl = BLayout::KN { ld: hw };
+                    match crate::kernels::compute() {
+                        crate::kernels::Compute::Bf16 => crate::kernels::matmul_bf16::gemm(o, hw, ck, weights, ck, img, bl, out)?,
+                        crate::kernels::Compute::F32 => gemm(crate::kernels::isa(), o, hw, ck, weights, ck, img, bl, out)?,
+                    }
                     continue;
                 }
                 if direct {
