@@ -17,6 +17,7 @@ its error against PyTorch f32. A variant that cannot be built here (a missing pa
 an exporter failure) is reported as skipped with the reason, never silently dropped.
 """
 
+import gc
 import json
 import sys
 import time
@@ -83,8 +84,9 @@ def count_flops(module, inputs):
     return int(fc.get_total_flops())
 
 
-def build(variant, module, inputs, work, name, threads):
-    """A zero-argument callable running one forward pass, and what precision it runs."""
+def build(variant, module, inputs, work, name, threads, cache):
+    """A zero-argument callable running one forward pass, and what precision it runs.
+    `cache` holds what variants of one component share (OpenVINO's converted model)."""
     if variant == "torch-f32":
         return (lambda: module(*inputs)), "f32"
     if variant == "torch-bf16":
@@ -117,8 +119,10 @@ def build(variant, module, inputs, work, name, threads):
 
         want = variant.split("-")[1]
         core = ov.Core()
-        with torch.inference_mode():
-            om = ov.convert_model(module, example_input=tuple(inputs))
+        if "openvino" not in cache:
+            with torch.inference_mode():
+                cache["openvino"] = ov.convert_model(module, example_input=tuple(inputs))
+        om = cache["openvino"]
         cfg = {"INFERENCE_PRECISION_HINT": want, "INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"}
         cm = core.compile_model(om, "CPU", cfg)
         hint = cm.get_property("INFERENCE_PRECISION_HINT")
@@ -158,6 +162,7 @@ def main():
             break
         if cmd == "unload":
             loaded.pop(req["name"], None)
+            gc.collect()
             answer({})
             continue
         if cmd == "load":
@@ -165,15 +170,17 @@ def main():
             module = load_module(req["kind"], req["model"], req["subfolder"])
             inputs = read_inputs(work, req["inputs"])
             flops = count_flops(module, inputs)
-            runs, skipped, precision = {}, {}, {}
+            runs, skipped, precision, cache = {}, {}, {}, {}
             for v in req["variants"]:
                 try:
-                    f, what = build(v, module, inputs, work, name, threads)
+                    f, what = build(v, module, inputs, work, name, threads, cache)
                     runs[v] = f
                     precision[v] = what
                 except Exception as e:  # report, never drop silently
                     skipped[v] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
                     traceback.print_exc(file=sys.stderr)
+            cache.clear()  # compiled models keep their own weights
+            gc.collect()
             loaded[name] = dict(runs=runs, written=set())
             answer({"variants": list(runs), "skipped": skipped, "flops": flops, "precision": precision})
             continue

@@ -155,13 +155,13 @@ fn cases() -> anyhow::Result<Vec<Case>> {
     Ok(v)
 }
 
-fn write_f32(path: &Path, t: &Tensor) -> anyhow::Result<()> {
+pub(super) fn write_f32(path: &Path, t: &Tensor) -> anyhow::Result<()> {
     let data = t.flatten_all()?.to_vec1::<f32>()?;
     let bytes: Vec<u8> = data.iter().flat_map(|x| x.to_le_bytes()).collect();
     std::fs::write(path, bytes).with_context(|| format!("writing {}", path.display()))
 }
 
-fn read_f32(path: &Path, like: &Tensor) -> anyhow::Result<Tensor> {
+pub(super) fn read_f32(path: &Path, like: &Tensor) -> anyhow::Result<Tensor> {
     let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
     let data: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
     if data.len() != like.elem_count() {
@@ -249,17 +249,19 @@ impl Drop for Torch {
     }
 }
 
-fn default_script() -> PathBuf {
-    let local = PathBuf::from("tools/bench/kernels.py");
+/// A script of this source tree's tools/ folder, from the working directory or
+/// from where the executable was built.
+pub(super) fn tool_script(rel: &str) -> PathBuf {
+    let local = PathBuf::from(rel);
     if local.exists() {
         local
     } else {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/bench/kernels.py")
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(rel)
     }
 }
 
 /// max |got - want| / max |want|.
-fn rel_err(got: &Tensor, want: &Tensor) -> anyhow::Result<f32> {
+pub(super) fn rel_err(got: &Tensor, want: &Tensor) -> anyhow::Result<f32> {
     let got = got.contiguous()?;
     let diff = (got - want)?.abs()?.max_all()?.to_scalar::<f32>()?;
     Ok(diff / want.abs()?.max_all()?.to_scalar::<f32>()?.max(f32::MIN_POSITIVE))
@@ -287,7 +289,7 @@ pub fn run(a: KernelArgs) -> anyhow::Result<()> {
     let mut torch_note = String::from("PyTorch column left out (--python none)");
     if a.python != "none" {
         std::fs::create_dir_all(&folder)?;
-        let script = a.torch_script.clone().unwrap_or_else(default_script);
+        let script = a.torch_script.clone().unwrap_or_else(|| tool_script("tools/bench/kernels.py"));
         match Torch::start(&a.python, &script, &folder, &cases) {
             Ok(t) => torch = Some(t),
             Err(e) => torch_note = format!("PyTorch column left out: {e:#}"),

@@ -24,6 +24,7 @@ use candle_core::{DType, Device, Tensor};
 use serde_json::{json, Value};
 
 use super::bench::spread;
+use super::bench_kernels::{read_f32, rel_err, tool_script, write_f32};
 
 #[derive(clap::Args, Debug)]
 pub struct SpeedArgs {
@@ -190,27 +191,6 @@ fn load(model: &SdModel, c: &Component, dev: &Device, work: &Path) -> anyhow::Re
     Ok((loaded, inputs))
 }
 
-fn write_f32(path: &Path, t: &Tensor) -> anyhow::Result<()> {
-    let data = t.flatten_all()?.to_vec1::<f32>()?;
-    let bytes: Vec<u8> = data.iter().flat_map(|x| x.to_le_bytes()).collect();
-    std::fs::write(path, bytes).with_context(|| format!("writing {}", path.display()))
-}
-
-fn read_f32(path: &Path, like: &Tensor) -> anyhow::Result<Tensor> {
-    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    let data: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-    if data.len() != like.elem_count() {
-        bail!("{}: {} values, expected {} (shape {:?})", path.display(), data.len(), like.elem_count(), like.dims());
-    }
-    Ok(Tensor::from_vec(data, like.shape(), like.device())?)
-}
-
-/// max |got - want| / max |want|.
-fn rel_err(got: &Tensor, want: &Tensor) -> anyhow::Result<f32> {
-    let diff = (got.contiguous()? - want)?.abs()?.max_all()?.to_scalar::<f32>()?;
-    Ok(diff / want.abs()?.max_all()?.to_scalar::<f32>()?.max(f32::MIN_POSITIVE))
-}
-
 /// The peers' Python child.
 struct Peers {
     child: Child,
@@ -264,15 +244,6 @@ impl Drop for Peers {
         let _ = writeln!(self.stdin, "{}", json!({"cmd": "quit"}));
         let _ = self.stdin.flush();
         let _ = self.child.wait();
-    }
-}
-
-fn default_script() -> PathBuf {
-    let local = PathBuf::from("tools/bench/speed.py");
-    if local.exists() {
-        local
-    } else {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tools/bench/speed.py")
     }
 }
 
@@ -341,7 +312,7 @@ pub fn run(a: SpeedArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&a.work).with_context(|| format!("creating {}", a.work.display()))?;
     let threads = candle_core::utils::get_num_threads();
     let peak = brume::kernels::peak::peak_f32_gflops(Duration::from_millis(500));
-    let script = a.script.clone().unwrap_or_else(default_script);
+    let script = a.script.clone().unwrap_or_else(|| tool_script("tools/bench/speed.py"));
     let mut peers = Peers::start(&a.python, &script, &a.work, threads)?;
     println!(
         "brume bench speed: isa {}, {threads} threads, measured f32 peak {peak:.0} GFLOP/s; peers: {}; {} alternated runs per variant",

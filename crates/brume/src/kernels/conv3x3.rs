@@ -85,6 +85,38 @@ impl CustomOp1 for Conv3x3Op<'_> {
     }
 }
 
+/// How a direct convolution's output is cut into tasks: one output row of one
+/// image for a range of channel blocks. Each task copies its three input rows, so
+/// the channels are split only when the rows alone are too few to feed every thread.
+pub(crate) struct RowTasks {
+    h: usize,
+    rows: usize,
+    blocks: usize,
+    chunks: usize,
+    per_chunk: usize,
+}
+
+impl RowTasks {
+    pub(crate) fn new(batch: usize, h: usize, blocks: usize) -> Self {
+        let rows = batch * h;
+        let want = 4 * rayon::current_num_threads();
+        let chunks = want.div_ceil(rows.max(1)).clamp(1, blocks.max(1));
+        Self { h, rows, blocks, chunks, per_chunk: blocks.div_ceil(chunks) }
+    }
+
+    pub(crate) fn tasks(&self) -> usize {
+        self.rows * self.chunks
+    }
+
+    /// Task `t`: (image, output row, channel blocks), `None` when its blocks are empty.
+    pub(crate) fn task(&self, t: usize) -> Option<(usize, usize, std::ops::Range<usize>)> {
+        let (row, chunk) = (t / self.chunks, t % self.chunks);
+        let first = chunk * self.per_chunk;
+        let last = ((chunk + 1) * self.per_chunk).min(self.blocks);
+        (first < last).then_some((row / self.h, row % self.h, first..last))
+    }
+}
+
 /// `out` [b, o, h, w] = conv(`x` [b, c, h, w], `weights` [o, c, 3, 3]), padding 1.
 pub(crate) fn run(isa: Isa, x: &[f32], d: Dims, weights: &[f32], out: &mut [f32]) -> Result<()> {
     require(isa)?;
@@ -99,22 +131,11 @@ pub(crate) fn run(isa: Isa, x: &[f32], d: Dims, weights: &[f32], out: &mut [f32]
         out.fill(0.0);
         return Ok(());
     }
-    let blocks = o.div_ceil(OB);
-    // Enough tasks to keep every thread busy; each task copies its three input rows,
-    // so split the output channels only when the rows alone are too few.
-    let rows = batch * h;
-    let want = 4 * rayon::current_num_threads();
-    let chunks = want.div_ceil(rows).clamp(1, blocks);
-    let per_chunk = blocks.div_ceil(chunks);
+    let split = RowTasks::new(batch, h, o.div_ceil(OB));
     let dst = SharedMut(out.as_mut_ptr());
-    (0..rows * chunks).into_par_iter().for_each(|task| {
-        let (row, chunk) = (task / chunks, task % chunks);
-        let (n, y) = (row / h, row % h);
-        let first = chunk * per_chunk;
-        let last = ((chunk + 1) * per_chunk).min(blocks);
-        if first >= last {
-            return;
-        }
+    (0..split.tasks()).into_par_iter().for_each(|task| {
+        let Some((n, y, blocks)) = split.task(task) else { return };
+        let (first, last) = (blocks.start, blocks.end);
         let img = &x[n * c * h * w..(n + 1) * c * h * w];
         ROWS.with(|cell| {
             let mut buf = cell.borrow_mut();

@@ -20,7 +20,7 @@ use std::cell::RefCell;
 use candle_core::Result;
 use rayon::prelude::*;
 
-use super::conv3x3::Dims;
+use super::conv3x3::{Dims, RowTasks};
 use super::SharedMut;
 
 const OB: usize = 6;
@@ -77,21 +77,11 @@ pub(crate) fn run(x: &[f32], d: Dims, weights: &[f32], out: &mut [f32]) -> Resul
             }
         }
     });
-    let blocks = o.div_ceil(OB);
-    let rows = batch * h;
-    let want = 4 * rayon::current_num_threads();
-    let chunks = want.div_ceil(rows).clamp(1, blocks);
-    let per_chunk = blocks.div_ceil(chunks);
+    let split = RowTasks::new(batch, h, o.div_ceil(OB));
     let dst = SharedMut(out.as_mut_ptr());
     let pairs = &pairs;
-    (0..rows * chunks).into_par_iter().for_each(|task| {
-        let (row, chunk) = (task / chunks, task % chunks);
-        let (n, y) = (row / h, row % h);
-        let first = chunk * per_chunk;
-        let last = ((chunk + 1) * per_chunk).min(blocks);
-        if first >= last {
-            return;
-        }
+    (0..split.tasks()).into_par_iter().for_each(|task| {
+        let Some((n, y, blocks)) = split.task(task) else { return };
         let img = &x[n * c * h * w..(n + 1) * c * h * w];
         ROWS.with(|cell| {
             let mut buf = cell.borrow_mut();
@@ -99,10 +89,10 @@ pub(crate) fn run(x: &[f32], d: Dims, weights: &[f32], out: &mut [f32]) -> Resul
             // SAFETY: the CPU has AVX512-BF16 (checked above); the task writes only row y
             // of image n for the channels of blocks first..last, disjoint from other tasks.
             unsafe {
-                output_row(img, d, n, y, pairs, first..last, &mut buf, dst)
+                output_row(img, d, n, y, pairs, blocks.clone(), &mut buf, dst)
             }
             #[cfg(not(target_arch = "x86_64"))]
-            let _ = (img, &mut buf, dst, n, y);
+            let _ = (img, &mut buf, dst, n, y, &blocks);
         });
     });
     Ok(())

@@ -35,19 +35,19 @@ pub(crate) enum BLayout {
     NK { ld: usize },
 }
 
-/// `dst[i][j] = sum_kk a[i * lda + kk] * B[kk][j]` for i < m, j < n (dst row stride n).
+/// Checks a product's buffers against its sizes; `Ok(false)` when nothing is left
+/// to compute (an empty output, or k = 0, which zeroes it).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn gemm(isa: Isa, m: usize, n: usize, k: usize, a: &[f32], lda: usize, b: &[f32], bl: BLayout, dst: &mut [f32]) -> Result<()> {
-    require(isa)?;
+pub(crate) fn check(m: usize, n: usize, k: usize, a: &[f32], lda: usize, b: &[f32], bl: BLayout, dst: &mut [f32]) -> Result<bool> {
     if dst.len() < m * n {
         candle_core::bail!("gemm: output of {} for {m}x{n}", dst.len());
     }
     if m == 0 || n == 0 {
-        return Ok(());
+        return Ok(false);
     }
     if k == 0 {
         dst[..m * n].fill(0.0);
-        return Ok(());
+        return Ok(false);
     }
     if lda < k || a.len() < (m - 1) * lda + k {
         candle_core::bail!("gemm: A of {} values is too short for {m}x{k} (row stride {lda})", a.len());
@@ -59,27 +59,64 @@ pub(crate) fn gemm(isa: Isa, m: usize, n: usize, k: usize, a: &[f32], lda: usize
     if !b_ok {
         candle_core::bail!("gemm: B of {} values is too short for {k}x{n} ({bl:?})", b.len());
     }
+    Ok(true)
+}
+
+/// How an m x n output is cut into tasks of `mc` rows x `per` column blocks of `nr`.
+///
+/// Columns are split first: each task packs its panels of B once and runs all of its
+/// rows of A past them, so B is repacked only as often as the rows are split
+/// (packing a linear weight's [n, k] strip is a transpose, ~15% of the work when it
+/// was repeated for every 200 rows). Rows are split only to feed every thread.
+pub(crate) struct Split {
+    m: usize,
+    n: usize,
+    nr: usize,
+    mc: usize,
+    per: usize,
+    n_tasks: usize,
+    m_tasks: usize,
+}
+
+impl Split {
+    pub(crate) fn new(m: usize, n: usize, nr: usize) -> Self {
+        let want = 8 * rayon::current_num_threads();
+        let n_blocks = n.div_ceil(nr);
+        let n_tasks = n_blocks.min(want);
+        let m_tasks = want.div_ceil(n_tasks).min(m.div_ceil(MR));
+        let mc = m.div_ceil(m_tasks).div_ceil(MR) * MR;
+        let per = n_blocks.div_ceil(n_tasks);
+        Self { m, n, nr, mc, per, n_tasks: n_blocks.div_ceil(per), m_tasks: m.div_ceil(mc) }
+    }
+
+    pub(crate) fn tasks(&self) -> usize {
+        self.m_tasks * self.n_tasks
+    }
+
+    /// Task `t`'s rows and columns (the columns may be empty for a trailing task).
+    pub(crate) fn task(&self, t: usize) -> (std::ops::Range<usize>, std::ops::Range<usize>) {
+        let (mt, nt) = (t / self.n_tasks, t % self.n_tasks);
+        let rows = mt * self.mc..((mt + 1) * self.mc).min(self.m);
+        let span = self.per * self.nr;
+        (rows, (nt * span).min(self.n)..((nt + 1) * span).min(self.n))
+    }
+}
+
+/// `dst[i][j] = sum_kk a[i * lda + kk] * B[kk][j]` for i < m, j < n (dst row stride n).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm(isa: Isa, m: usize, n: usize, k: usize, a: &[f32], lda: usize, b: &[f32], bl: BLayout, dst: &mut [f32]) -> Result<()> {
+    require(isa)?;
+    if !check(m, n, k, a, lda, b, bl, dst)? {
+        return Ok(());
+    }
     let nr = 2 * match isa {
         Isa::Avx512 => 16,
         _ => 8,
     };
-    // Split the columns first: each task packs its panels of B once and runs all of
-    // its rows of A past them, so B is repacked only as often as the rows are split
-    // (packing a linear weight's [n, k] strip is a transpose, ~15% of the work when
-    // it was repeated for every 200 rows). Rows are split only to feed every thread.
-    let want = 8 * rayon::current_num_threads();
-    let n_blocks = n.div_ceil(nr);
-    let n_tasks = n_blocks.min(want);
-    let m_tasks = want.div_ceil(n_tasks).min(m.div_ceil(MR));
-    let mc = m.div_ceil(m_tasks).div_ceil(MR) * MR;
-    let m_tasks = m.div_ceil(mc);
-    let per = n_blocks.div_ceil(n_tasks);
-    let n_tasks = n_blocks.div_ceil(per);
+    let split = Split::new(m, n, nr);
     let out = SharedMut(dst.as_mut_ptr());
-    (0..m_tasks * n_tasks).into_par_iter().for_each(|t| {
-        let (mt, nt) = (t / n_tasks, t % n_tasks);
-        let rows = mt * mc..((mt + 1) * mc).min(m);
-        let cols = (nt * per * nr).min(n)..((nt + 1) * per * nr).min(n);
+    (0..split.tasks()).into_par_iter().for_each(|t| {
+        let (rows, cols) = split.task(t);
         if cols.is_empty() {
             return;
         }

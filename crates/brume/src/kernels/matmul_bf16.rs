@@ -14,9 +14,10 @@ use candle_core::Result;
 use rayon::prelude::*;
 
 use super::conv3x3_bf16::{bf16_bits, supported};
-use super::matmul::BLayout;
+use super::matmul::{check, BLayout, Split};
 use super::SharedMut;
 
+/// Rows of A per register block (as in [`super::matmul`], whose task split this uses).
 const MR: usize = 6;
 const L: usize = 16;
 const NR: usize = 2 * L;
@@ -37,25 +38,8 @@ pub(crate) fn gemm(m: usize, n: usize, k: usize, a: &[f32], lda: usize, b: &[f32
     if !supported() {
         candle_core::bail!("bf16 compute needs a CPU with AVX512-BF16");
     }
-    if dst.len() < m * n {
-        candle_core::bail!("gemm bf16: output of {} for {m}x{n}", dst.len());
-    }
-    if m == 0 || n == 0 {
+    if !check(m, n, k, a, lda, b, bl, dst)? {
         return Ok(());
-    }
-    if k == 0 {
-        dst[..m * n].fill(0.0);
-        return Ok(());
-    }
-    if lda < k || a.len() < (m - 1) * lda + k {
-        candle_core::bail!("gemm bf16: A of {} values is too short for {m}x{k} (row stride {lda})", a.len());
-    }
-    let b_ok = match bl {
-        BLayout::KN { ld } => ld >= n && b.len() >= (k - 1) * ld + n,
-        BLayout::NK { ld } => ld >= k && b.len() >= (n - 1) * ld + k,
-    };
-    if !b_ok {
-        candle_core::bail!("gemm bf16: B of {} values is too short for {k}x{n} ({bl:?})", b.len());
     }
     let kp = k.div_ceil(2);
     // A as bf16 pairs along k, zero past k.
@@ -66,20 +50,11 @@ pub(crate) fn gemm(m: usize, n: usize, k: usize, a: &[f32], lda: usize, b: &[f32
             *w = pair(src[2 * p], if 2 * p + 1 < k { src[2 * p + 1] } else { 0.0 });
         }
     });
-    let want = 8 * rayon::current_num_threads();
-    let n_blocks = n.div_ceil(NR);
-    let n_tasks = n_blocks.min(want);
-    let m_tasks = want.div_ceil(n_tasks).min(m.div_ceil(MR));
-    let mc = m.div_ceil(m_tasks).div_ceil(MR) * MR;
-    let m_tasks = m.div_ceil(mc);
-    let per = n_blocks.div_ceil(n_tasks);
-    let n_tasks = n_blocks.div_ceil(per);
+    let split = Split::new(m, n, NR);
     let out = SharedMut(dst.as_mut_ptr());
     let ap = &ap;
-    (0..m_tasks * n_tasks).into_par_iter().for_each(|t| {
-        let (mt, nt) = (t / n_tasks, t % n_tasks);
-        let rows = mt * mc..((mt + 1) * mc).min(m);
-        let cols = (nt * per * NR).min(n)..((nt + 1) * per * NR).min(n);
+    (0..split.tasks()).into_par_iter().for_each(|t| {
+        let (rows, cols) = split.task(t);
         if cols.is_empty() {
             return;
         }
