@@ -89,12 +89,68 @@ unsafe fn chains<S: Simd>(time: Duration) -> f64 {
     (iters * CHAINS * S::LANES * 2) as f64 / secs / 1e9
 }
 
+/// Measured bf16 dot-product throughput (`vdpbf16ps`, 32 multiply-adds per
+/// instruction into f32) of all of rayon's threads, in GFLOP/s; `None` on a CPU
+/// without AVX512-BF16. What `--compute bf16` rows are quoted against.
+pub fn peak_bf16_gflops(time: Duration) -> Option<f64> {
+    if !super::conv3x3_bf16::supported() {
+        return None;
+    }
+    let threads = rayon::current_num_threads();
+    let per = std::sync::Mutex::new(Vec::with_capacity(threads));
+    rayon::broadcast(|_| {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: AVX512-BF16 was detected above.
+        let r = unsafe { bf16_chains(time) };
+        #[cfg(not(target_arch = "x86_64"))]
+        let r = 0.0;
+        if let Ok(mut v) = per.lock() {
+            v.push(r);
+        }
+    });
+    per.into_inner().ok().map(|v| v.iter().sum())
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn bf16_chains(time: Duration) -> f64 {
+    use std::arch::x86_64::*;
+    // The intrinsics are safe to call here: this function enables their features.
+    {
+        // Tiny factors keep the f32 sums finite for as long as the loop runs.
+        let a: __m512bh = _mm512_cvtne2ps_pbh(_mm512_set1_ps(1e-3), _mm512_set1_ps(1e-3));
+        let mut acc = [_mm512_setzero_ps(); CHAINS];
+        let start = Instant::now();
+        let mut iters = 0usize;
+        while start.elapsed() < time {
+            for _ in 0..BURST {
+                for x in acc.iter_mut() {
+                    *x = _mm512_dpbf16_ps(*x, a, a);
+                }
+            }
+            iters += BURST;
+        }
+        let secs = start.elapsed().as_secs_f64();
+        let mut sink = 0f32;
+        for x in acc {
+            sink += _mm512_reduce_add_ps(x);
+        }
+        std::hint::black_box(sink);
+        // 16 lanes x 2 products x 2 FLOP per instruction.
+        (iters * CHAINS * 64) as f64 / secs / 1e9
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
     fn peak_is_positive_and_finite() {
         let g = super::peak_f32_gflops(std::time::Duration::from_millis(300));
         eprintln!("measured f32 peak: {g:.1} GFLOP/s on {} threads", rayon::current_num_threads());
+        if let Some(b) = super::peak_bf16_gflops(std::time::Duration::from_millis(300)) {
+            eprintln!("measured bf16 peak: {b:.1} GFLOP/s");
+            assert!(b.is_finite() && b > 0.1, "{b}");
+        }
         assert!(g.is_finite() && g > 0.1, "{g}");
     }
 }
