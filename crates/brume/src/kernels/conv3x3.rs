@@ -135,19 +135,18 @@ pub(crate) fn run(isa: Isa, x: &[f32], d: Dims, weights: &[f32], out: &mut [f32]
     let dst = SharedMut(out.as_mut_ptr());
     (0..split.tasks()).into_par_iter().for_each(|task| {
         let Some((n, y, blocks)) = split.task(task) else { return };
-        let (first, last) = (blocks.start, blocks.end);
         let img = &x[n * c * h * w..(n + 1) * c * h * w];
         ROWS.with(|cell| {
             let mut buf = cell.borrow_mut();
             // SAFETY: task (n, y, chunk) writes only output rows y of image n for the
-            // channels of blocks first..last: disjoint from every other task, inside `out`.
+            // channels of `blocks`: disjoint from every other task, inside `out`.
             unsafe {
                 match isa {
                     #[cfg(target_arch = "x86_64")]
-                    Isa::Avx512 => row_avx512(img, d, n, y, weights, first..last, &mut buf, dst),
+                    Isa::Avx512 => row_avx512(img, d, n, y, weights, blocks.clone(), &mut buf, dst),
                     #[cfg(target_arch = "x86_64")]
-                    Isa::Avx2 => row_avx2(img, d, n, y, weights, first..last, &mut buf, dst),
-                    _ => output_row::<Portable>(img, d, n, y, weights, first..last, &mut buf, dst),
+                    Isa::Avx2 => row_avx2(img, d, n, y, weights, blocks.clone(), &mut buf, dst),
+                    _ => output_row::<Portable>(img, d, n, y, weights, blocks.clone(), &mut buf, dst),
                 }
             }
         });

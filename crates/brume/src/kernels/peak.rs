@@ -21,12 +21,15 @@ const BURST: usize = 4096;
 /// counts two), each thread running for about `time`.
 pub fn peak_f32_gflops(time: Duration) -> f64 {
     let isa = isa();
-    let threads = rayon::current_num_threads();
-    // One task per pool thread, started together, so the cores run at once (as a
-    // kernel's do) and a shared power or clock limit shows in the figure.
-    let per = std::sync::Mutex::new(Vec::with_capacity(threads));
+    on_every_thread(|| run(isa, time))
+}
+
+/// The sum of `rate` run by one task per pool thread, started together, so the
+/// cores run at once (as a kernel's do) and a shared power or clock limit shows.
+fn on_every_thread(rate: impl Fn() -> f64 + Sync) -> f64 {
+    let per = std::sync::Mutex::new(Vec::with_capacity(rayon::current_num_threads()));
     rayon::broadcast(|_| {
-        let r = run(isa, time);
+        let r = rate();
         if let Ok(mut v) = per.lock() {
             v.push(r);
         }
@@ -96,19 +99,14 @@ pub fn peak_bf16_gflops(time: Duration) -> Option<f64> {
     if !super::conv3x3_bf16::supported() {
         return None;
     }
-    let threads = rayon::current_num_threads();
-    let per = std::sync::Mutex::new(Vec::with_capacity(threads));
-    rayon::broadcast(|_| {
+    Some(on_every_thread(|| {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: AVX512-BF16 was detected above.
         let r = unsafe { bf16_chains(time) };
         #[cfg(not(target_arch = "x86_64"))]
         let r = 0.0;
-        if let Ok(mut v) = per.lock() {
-            v.push(r);
-        }
-    });
-    per.into_inner().ok().map(|v| v.iter().sum())
+        r
+    }))
 }
 
 #[cfg(target_arch = "x86_64")]
