@@ -1,7 +1,9 @@
 //! The direct 3x3 convolution kernel against candle's conv2d, on every instruction
 //! set this CPU runs: channel counts that are and are not multiples of the 6-channel
 //! register block, widths with and without vector tails (down to 1 pixel), batches,
-//! and the layer path (`Conv2d` over mapped f32 weights) that dispatches to it.
+//! and the layer path (`Conv2d` over mapped f32 weights) that dispatches to it. The
+//! shapes cover both of the kernel's layouts: rows of whole vector blocks, and the
+//! flat layout of narrow or odd-width maps (SD's 16x16 and 8x8 levels).
 
 use brume::kernels::conv3x3::conv3x3_on;
 use brume::kernels::Isa;
@@ -32,6 +34,10 @@ fn conv3x3_many_shapes() {
         (1, 32, 12, 12, 40),
         (1, 64, 19, 5, 64),
         (1, 9, 4, 31, 2),
+        (2, 70, 13, 8, 8),
+        (1, 40, 12, 4, 4),
+        (2, 37, 7, 16, 16),
+        (1, 5, 6, 3, 72),
     ] {
         let x = rng.randn(&[b, c, h, w], &dev).unwrap();
         let k = rng.randn(&[o, c, 3, 3], &dev).unwrap();
@@ -43,6 +49,24 @@ fn conv3x3_many_shapes() {
             assert!(err <= 2e-6, "{} {:?}: rel err {err:.2e}", isa.name(), (b, c, o, h, w));
         }
     }
+}
+
+#[test]
+fn narrow_maps_take_the_flat_layout_and_whole_blocks_the_row_one() {
+    use brume::kernels::conv3x3::scratch_bytes;
+    // Every vector width brume runs (8 or 16 lanes, blocks of 2 vectors) divides 64.
+    assert_eq!(scratch_bytes(2, 320, 64, 64), 0);
+    // 8 and 10 pixels wide are narrower than any block: the zero-bordered copy.
+    assert_eq!(scratch_bytes(2, 1280, 8, 10), 2 * 1280 * flat_plane(8, 10) * 4);
+    // A copy past its cap (16 MiB) falls back to the row layout.
+    assert_eq!(scratch_bytes(2, 4096, 100, 100), 0);
+}
+
+/// Values per channel of the flat layout on this CPU: whole blocks over h x (w + 2)
+/// plus the farthest tap of the last one.
+fn flat_plane(h: usize, w: usize) -> usize {
+    let xb = 2 * if Isa::all_supported().contains(&Isa::Avx512) { 16 } else { 8 };
+    (h * (w + 2)).div_ceil(xb) * xb + 2 * (w + 2) + 2
 }
 
 #[test]
@@ -106,7 +130,18 @@ fn conv3x3_bf16_matches_the_rounded_f32_conv() {
     let dev = Device::Cpu;
     let mut rng = Rng::new(14);
     let round = |t: &Tensor| t.to_dtype(candle_core::DType::BF16).unwrap().to_dtype(candle_core::DType::F32).unwrap();
-    for &(b, c, o, h, w) in &[(1, 1, 1, 1, 1), (1, 3, 5, 4, 7), (2, 4, 6, 8, 8), (1, 7, 13, 9, 17), (2, 5, 7, 3, 33), (1, 64, 19, 5, 64), (1, 32, 12, 12, 40)] {
+    for &(b, c, o, h, w) in &[
+        (1, 1, 1, 1, 1),
+        (1, 3, 5, 4, 7),
+        (2, 4, 6, 8, 8),
+        (1, 7, 13, 9, 17),
+        (2, 5, 7, 3, 33),
+        (1, 64, 19, 5, 64),
+        (1, 32, 12, 12, 40),
+        (2, 71, 13, 8, 8),
+        (2, 36, 7, 16, 16),
+        (1, 5, 6, 3, 72),
+    ] {
         let x = rng.randn(&[b, c, h, w], &dev).unwrap();
         let k = rng.randn(&[o, c, 3, 3], &dev).unwrap();
         let got = conv3x3_bf16(&x, &k).unwrap();

@@ -10,6 +10,13 @@
 //! of contiguous taps — so nothing is repacked and no per-layer copy is made. The
 //! only scratch is three zero-bordered input rows per task (one thread-local
 //! buffer), which also removes every bounds check from the inner loop.
+//!
+//! A block of 2 vectors is 32 pixels (AVX-512), so rows narrower than that, or of
+//! another width, would compute lanes that are thrown away: half of them on a
+//! 16-wide map, three quarters on an 8-wide one, which is where an SD UNet's
+//! 1280-channel layers run. Those maps take the flat layout ([`Flat`]) instead: the
+//! whole image, zero-bordered, as one row of pitch `w + 2`, so a block of 32 runs on
+//! across rows and only the two border columns per row are wasted.
 
 use std::cell::RefCell;
 
@@ -35,6 +42,82 @@ pub(crate) struct Dims {
     pub out_ch: usize,
     pub h: usize,
     pub w: usize,
+}
+
+/// Largest zero-bordered copy of the input the flat layout may make; past it the
+/// row layout runs, whatever lanes it wastes.
+const FLAT_SCRATCH_MAX: usize = 16 << 20;
+
+/// The flat layout of a small or odd-width map: each channel's plane, zero-bordered,
+/// is one row of `pitch = w + 2` values per image row, so output pixel (y, x) is flat
+/// position `y * pitch + x` and its tap (ky, kx) reads position `+ ky * pitch + kx`.
+/// Blocks of `xb` positions run over `blocks * xb >= h * pitch`; a channel's plane
+/// takes `plane` values, the last block's farthest tap included.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Flat {
+    pub pitch: usize,
+    pub blocks: usize,
+    pub plane: usize,
+}
+
+impl Flat {
+    /// `Some` when the flat layout computes at least a tenth fewer lanes than the row
+    /// layout with blocks of `xb` pixels and its copy of the input (`words` per
+    /// channel: 1 for f32, 1/2 for bf16 pairs, as `channels`) stays small.
+    pub(crate) fn plan(batch: usize, channels: usize, h: usize, w: usize, xb: usize) -> Option<Self> {
+        if w % xb == 0 || h == 0 || w == 0 {
+            return None;
+        }
+        let pitch = w + 2;
+        let blocks = (h * pitch).div_ceil(xb);
+        let plane = blocks * xb + 2 * pitch + 2;
+        let row_lanes = h * w.div_ceil(xb) * xb;
+        let flat_lanes = blocks * xb;
+        let bytes = batch.saturating_mul(channels).saturating_mul(plane).saturating_mul(4);
+        (flat_lanes * 10 <= row_lanes * 9 && bytes <= FLAT_SCRATCH_MAX).then_some(Self { pitch, blocks, plane })
+    }
+
+    /// Bytes of the zero-bordered copy of `batch` images of `channels` planes.
+    pub(crate) fn bytes(&self, batch: usize, channels: usize) -> usize {
+        batch * channels * self.plane * 4
+    }
+
+    /// Copies the valid positions of a block's `count`-lane result, starting at flat
+    /// position `p0`, to output plane `dst` ([h, w]).
+    ///
+    /// SAFETY: `dst` points at an h x w plane with h * pitch >= the flat positions
+    /// covered (`blocks * xb` from 0) and `src` at `count` floats.
+    #[inline(always)]
+    pub(crate) unsafe fn scatter(&self, w: usize, h: usize, src: *const f32, p0: usize, count: usize, dst: *mut f32) {
+        let end = (p0 + count).min(h * self.pitch);
+        let mut p = p0;
+        while p < end {
+            let (y, x) = (p / self.pitch, p % self.pitch);
+            let row_end = ((y + 1) * self.pitch).min(end);
+            if x < w {
+                let n = (w - x).min(row_end - p);
+                // SAFETY: y < h and x + n <= w: inside the plane; p - p0 + n <= count.
+                unsafe { std::ptr::copy_nonoverlapping(src.add(p - p0), dst.add(y * w + x), n) };
+            }
+            p = row_end;
+        }
+    }
+}
+
+/// Bytes of scratch a 3x3 conv of `channels` input channels over `batch` maps of
+/// h x w takes beyond its output with this CPU's kernels (the flat layout's copy;
+/// the row layout's three rows per thread are too small to count).
+pub fn scratch_bytes(batch: usize, channels: usize, h: usize, w: usize) -> usize {
+    let xb = 2 * lanes(isa());
+    Flat::plan(batch, channels, h, w, xb).map_or(0, |f| f.bytes(batch, channels))
+}
+
+fn lanes(isa: Isa) -> usize {
+    match isa {
+        Isa::Avx512 => 16,
+        Isa::Avx2 => 8,
+        _ => Portable::LANES,
+    }
 }
 
 /// 3x3 / stride 1 / padding 1 convolution of `x` [b, c, h, w] with `w` [o, c, 3, 3]
@@ -131,6 +214,10 @@ pub(crate) fn run(isa: Isa, x: &[f32], d: Dims, weights: &[f32], out: &mut [f32]
         out.fill(0.0);
         return Ok(());
     }
+    if let Some(flat) = Flat::plan(batch, c, h, w, 2 * lanes(isa)) {
+        run_flat(isa, x, d, weights, out, flat);
+        return Ok(());
+    }
     let split = RowTasks::new(batch, h, o.div_ceil(OB));
     let dst = SharedMut(out.as_mut_ptr());
     (0..split.tasks()).into_par_iter().for_each(|task| {
@@ -152,6 +239,92 @@ pub(crate) fn run(isa: Isa, x: &[f32], d: Dims, weights: &[f32], out: &mut [f32]
         });
     });
     Ok(())
+}
+
+/// The flat layout: copies the input once, zero-bordered, then runs blocks of flat
+/// positions x channel blocks (the whole map of a small layer is a few blocks, so
+/// tasks split the channels too).
+fn run_flat(isa: Isa, x: &[f32], d: Dims, weights: &[f32], out: &mut [f32], flat: Flat) {
+    let Dims { batch, in_ch: c, out_ch: o, h, w } = d;
+    let mut padded = vec![0f32; batch * c * flat.plane];
+    padded.par_chunks_mut(flat.plane).enumerate().for_each(|(plane, dst)| {
+        let src = &x[plane * h * w..(plane + 1) * h * w];
+        for (y, row) in src.chunks_exact(w).enumerate() {
+            let at = (y + 1) * flat.pitch + 1;
+            dst[at..at + w].copy_from_slice(row);
+        }
+    });
+    let split = RowTasks::new(batch, flat.blocks, o.div_ceil(OB));
+    let dst = SharedMut(out.as_mut_ptr());
+    let padded = &padded;
+    (0..split.tasks()).into_par_iter().for_each(|task| {
+        let Some((n, blk, blocks)) = split.task(task) else { return };
+        let img = &padded[n * c * flat.plane..(n + 1) * c * flat.plane];
+        // SAFETY: task (n, blk, chunk) writes only the flat positions of block blk of
+        // image n for the channels of `blocks`: disjoint from every other task.
+        unsafe {
+            match isa {
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx512 => flat_avx512(img, d, flat, n, blk, weights, blocks, dst),
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx2 => flat_avx2(img, d, flat, n, blk, weights, blocks, dst),
+                _ => flat_block::<Portable>(img, d, flat, n, blk, weights, blocks, dst),
+            }
+        }
+    });
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn flat_avx512(img: &[f32], d: Dims, f: Flat, n: usize, blk: usize, w: &[f32], blocks: std::ops::Range<usize>, dst: SharedMut) {
+    // SAFETY: forwarded from the caller.
+    unsafe { flat_block::<super::simd::Avx512>(img, d, f, n, blk, w, blocks, dst) }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn flat_avx2(img: &[f32], d: Dims, f: Flat, n: usize, blk: usize, w: &[f32], blocks: std::ops::Range<usize>, dst: SharedMut) {
+    // SAFETY: forwarded from the caller.
+    unsafe { flat_block::<super::simd::Avx2>(img, d, f, n, blk, w, blocks, dst) }
+}
+
+/// Flat block `blk` of image `n` (its zero-bordered planes: `img`) for the channel
+/// blocks `blocks`.
+///
+/// SAFETY: the CPU has `S`'s features; `img` holds c planes of `f.plane` values laid
+/// out by `f`; `dst` points at the whole [b, o, h, w] output, of which this call
+/// writes only block `blk`'s positions of image `n`'s channels in `blocks`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn flat_block<S: Simd>(img: &[f32], d: Dims, f: Flat, n: usize, blk: usize, weights: &[f32], blocks: std::ops::Range<usize>, dst: SharedMut) {
+    let (c, o, h, w) = (d.in_ch, d.out_ch, d.h, d.w);
+    let xb = 2 * S::LANES;
+    let p0 = blk * xb;
+    let mut tail = [0f32; 64];
+    for ob in blocks {
+        let wrows: [*const f32; OB] = std::array::from_fn(|j| {
+            let oc = (ob * OB + j).min(o - 1);
+            // SAFETY: oc < o, so the row lies inside `weights` (o * c * 9 long).
+            unsafe { weights.as_ptr().add(oc * c * 9) }
+        });
+        // SAFETY: loads read plane[p0 + ky * pitch + kx ..][..xb] with p0 + xb <=
+        // blocks * xb, inside each plane (blocks * xb + 2 * pitch + 2 long).
+        let acc = unsafe { block::<S>(img.as_ptr(), f.plane, f.pitch, c, &wrows, p0) };
+        for (j, a) in acc.iter().enumerate() {
+            let oc = ob * OB + j;
+            if oc >= o {
+                break;
+            }
+            // SAFETY: tail holds 2 vectors; the plane of image n, channel oc < o is inside the output.
+            unsafe {
+                S::store(tail.as_mut_ptr(), a[0]);
+                S::store(tail.as_mut_ptr().add(S::LANES), a[1]);
+                f.scatter(w, h, tail.as_ptr(), p0, xb, dst.get().add((n * o + oc) * h * w));
+            }
+        }
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -222,7 +395,7 @@ unsafe fn output_row<S: Simd>(
         while x0 < w {
             // SAFETY: every load reads rows[ci * 3 + ky][x0 + kx .. x0 + kx + 2 * LANES],
             // inside the row (x0 + 2 * LANES <= wpad, kx <= 2, row width wpad + 2).
-            let acc = unsafe { block::<S>(base, sw, c, &wrows, x0) };
+            let acc = unsafe { block::<S>(base, 3 * sw, sw, c, &wrows, x0) };
             let count = xb.min(w - x0);
             for (j, a) in acc.iter().enumerate() {
                 let oc = blk * OB + j;
@@ -248,18 +421,20 @@ unsafe fn output_row<S: Simd>(
     }
 }
 
-/// Six output channels x two vectors of output pixels starting at `x0`.
+/// Six output channels x two vectors of output pixels starting at `x0`: channel ci's
+/// tap row ky starts `ci * chan + ky * pitch` values into `rows`.
 ///
-/// SAFETY: the CPU has `S`'s features; `rows` holds `c * 3` rows of `sw` floats with
-/// `x0 + 2 * LANES + 2 <= sw`; each `wrows[j]` points at `c * 9` floats.
+/// SAFETY: the CPU has `S`'s features; for every ci < c and ky < 3, `rows` holds
+/// `2 * LANES + 2` floats from `ci * chan + ky * pitch + x0`; each `wrows[j]` points at
+/// `c * 9` floats.
 #[inline(always)]
-unsafe fn block<S: Simd>(rows: *const f32, sw: usize, c: usize, wrows: &[*const f32; OB], x0: usize) -> [[S::V; 2]; OB] {
+unsafe fn block<S: Simd>(rows: *const f32, chan: usize, pitch: usize, c: usize, wrows: &[*const f32; OB], x0: usize) -> [[S::V; 2]; OB] {
     unsafe {
         let mut acc = [[S::splat(0.0); 2]; OB];
         for ci in 0..c {
-            let base = rows.add(ci * 3 * sw + x0);
+            let base = rows.add(ci * chan + x0);
             for ky in 0..3 {
-                let row = base.add(ky * sw);
+                let row = base.add(ky * pitch);
                 for kx in 0..3 {
                     let a = S::load(row.add(kx));
                     let b = S::load(row.add(kx + S::LANES));

@@ -11,7 +11,8 @@
 //! 2^-9 each), as in PyTorch's and OpenVINO's bf16 modes.
 //!
 //! Otherwise the loop is [`super::conv3x3`]'s: 6 output channels x 2 vectors of 16
-//! pixels in registers, 12 dot-products per 8 loads.
+//! pixels in registers, 12 dot-products per 8 loads, in its row layout or, for
+//! narrow and odd-width maps, its flat one.
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
@@ -20,7 +21,9 @@ use std::cell::RefCell;
 use candle_core::Result;
 use rayon::prelude::*;
 
-use super::conv3x3::{Dims, RowTasks};
+#[cfg(target_arch = "x86_64")]
+use super::bf16::pack_pairs;
+use super::conv3x3::{Dims, Flat, RowTasks};
 use super::SharedMut;
 
 const OB: usize = 6;
@@ -32,26 +35,7 @@ thread_local! {
     static ROWS: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Whether this CPU has the bf16 dot-product instructions.
-pub fn supported() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bf16") && is_x86_feature_detected!("avx512bw")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
-/// f32 -> bf16 bits, rounded to nearest even (finite inputs; NaN stays NaN).
-pub(crate) fn bf16_bits(x: f32) -> u32 {
-    let b = x.to_bits();
-    if x.is_nan() {
-        return (b >> 16) | 0x40;
-    }
-    (b.wrapping_add(0x7FFF + ((b >> 16) & 1))) >> 16
-}
+pub use super::bf16::supported;
 
 /// `out` [b, o, h, w] = conv(`x`, `weights` [o, c, 3, 3]) with bf16 products.
 pub(crate) fn run(x: &[f32], d: Dims, weights: &[f32], out: &mut [f32]) -> Result<()> {
@@ -69,14 +53,23 @@ pub(crate) fn run(x: &[f32], d: Dims, weights: &[f32], out: &mut [f32]) -> Resul
     // pairs[(oc * cp + p) * 9 + tap]: channel 2p low, 2p + 1 high (zero past c).
     let mut pairs = vec![0u32; o * cp * 9];
     pairs.par_chunks_mut(cp * 9).enumerate().for_each(|(oc, row)| {
+        let src = &weights[oc * c * 9..(oc + 1) * c * 9];
         for p in 0..cp {
-            for tap in 0..9 {
-                let lo = bf16_bits(weights[(oc * c + 2 * p) * 9 + tap]);
-                let hi = if 2 * p + 1 < c { bf16_bits(weights[(oc * c + 2 * p + 1) * 9 + tap]) } else { 0 };
-                row[p * 9 + tap] = lo | (hi << 16);
+            let lo = &src[2 * p * 9..(2 * p + 1) * 9];
+            let hi = (2 * p + 1 < c).then(|| &src[(2 * p + 1) * 9..(2 * p + 2) * 9]);
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: AVX512-BF16 (checked above) implies F and BW; the row has 9 words from p * 9.
+            unsafe {
+                pack_pairs(lo, hi, row.as_mut_ptr().add(p * 9))
             }
+            #[cfg(not(target_arch = "x86_64"))]
+            let _ = (lo, hi, &row);
         }
     });
+    if let Some(flat) = Flat::plan(batch, cp, h, w, XB) {
+        run_flat(x, d, &pairs, out, flat);
+        return Ok(());
+    }
     let split = RowTasks::new(batch, h, o.div_ceil(OB));
     let dst = SharedMut(out.as_mut_ptr());
     let pairs = &pairs;
@@ -104,38 +97,96 @@ pub(crate) fn run(x: &[f32], d: Dims, weights: &[f32], out: &mut [f32]) -> Resul
 unsafe fn fill_rows(img: &[f32], d: Dims, y: usize, sw: usize, rows: &mut [u32]) {
     let (c, h, w) = (d.in_ch, d.h, d.w);
     let cp = c.div_ceil(2);
-    unsafe {
-        let round = _mm512_set1_epi32(0x7FFF);
-        let one = _mm512_set1_epi32(1);
-        let high = _mm512_set1_epi32(0xFFFF_0000u32 as i32);
-        // bf16 of 16 floats, left in the high half of each 32-bit lane.
-        let to_bf16_high = |v: __m512i| -> __m512i {
-            let odd = _mm512_and_si512(_mm512_srli_epi32::<16>(v), one);
-            _mm512_and_si512(_mm512_add_epi32(v, _mm512_add_epi32(round, odd)), high)
-        };
-        for p in 0..cp {
-            for ky in 0..3 {
-                let r = &mut rows[(p * 3 + ky) * sw..(p * 3 + ky + 1) * sw];
-                let iy = y as isize + ky as isize - 1;
-                r.fill(0);
-                if iy < 0 || iy >= h as isize {
-                    continue;
-                }
-                let iy = iy as usize;
-                let lo = &img[((2 * p) * h + iy) * w..((2 * p) * h + iy + 1) * w];
-                let hi = (2 * p + 1 < c).then(|| &img[((2 * p + 1) * h + iy) * w..((2 * p + 1) * h + iy + 1) * w]);
-                let mut x = 0;
-                while x < w {
-                    let m: __mmask16 = if w - x >= L { 0xFFFF } else { (1u16 << (w - x)) - 1 };
-                    let a = _mm512_maskz_loadu_epi32(m, lo.as_ptr().add(x) as *const i32);
-                    let b = match hi {
-                        Some(hi) => _mm512_maskz_loadu_epi32(m, hi.as_ptr().add(x) as *const i32),
-                        None => _mm512_setzero_si512(),
-                    };
-                    let pair = _mm512_or_si512(_mm512_srli_epi32::<16>(to_bf16_high(a)), to_bf16_high(b));
-                    _mm512_mask_storeu_epi32(r.as_mut_ptr().add(1 + x) as *mut i32, m, pair);
-                    x += L;
-                }
+    for p in 0..cp {
+        for ky in 0..3 {
+            let r = &mut rows[(p * 3 + ky) * sw..(p * 3 + ky + 1) * sw];
+            let iy = y as isize + ky as isize - 1;
+            r.fill(0);
+            if iy < 0 || iy >= h as isize {
+                continue;
+            }
+            let iy = iy as usize;
+            let lo = &img[((2 * p) * h + iy) * w..((2 * p) * h + iy + 1) * w];
+            let hi = (2 * p + 1 < c).then(|| &img[((2 * p + 1) * h + iy) * w..((2 * p + 1) * h + iy + 1) * w]);
+            // SAFETY: the row has sw >= w + 2 words; the CPU has the features (caller).
+            unsafe { pack_pairs(lo, hi, r.as_mut_ptr().add(1)) };
+        }
+    }
+}
+
+/// The flat layout (see [`Flat`]): the input once as zero-bordered planes of bf16
+/// pairs, then blocks of flat positions x channel blocks.
+fn run_flat(x: &[f32], d: Dims, pairs: &[u32], out: &mut [f32], flat: Flat) {
+    let Dims { batch, in_ch: c, out_ch: o, h, w } = d;
+    let cp = c.div_ceil(2);
+    let mut padded = vec![0u32; batch * cp * flat.plane];
+    padded.par_chunks_mut(flat.plane).enumerate().for_each(|(plane, dst)| {
+        let (n, p) = (plane / cp, plane % cp);
+        let img = &x[n * c * h * w..(n + 1) * c * h * w];
+        for y in 0..h {
+            let lo = &img[((2 * p) * h + y) * w..((2 * p) * h + y + 1) * w];
+            let hi = (2 * p + 1 < c).then(|| &img[((2 * p + 1) * h + y) * w..((2 * p + 1) * h + y + 1) * w]);
+            let at = (y + 1) * flat.pitch + 1;
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: AVX512-BF16 implies F and BW (checked by `run`); the plane has
+            // (h + 2) * pitch <= plane words, so w words from `at` fit.
+            unsafe {
+                pack_pairs(lo, hi, dst.as_mut_ptr().add(at))
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            let _ = (lo, hi, at, &dst);
+        }
+    });
+    let split = RowTasks::new(batch, flat.blocks, o.div_ceil(OB));
+    let dst = SharedMut(out.as_mut_ptr());
+    let padded = &padded;
+    (0..split.tasks()).into_par_iter().for_each(|task| {
+        let Some((n, blk, blocks)) = split.task(task) else { return };
+        let img = &padded[n * cp * flat.plane..(n + 1) * cp * flat.plane];
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: AVX512-BF16 (checked by `run`); the task writes only block blk's
+        // positions of image n for the channels of `blocks`, disjoint from other tasks.
+        unsafe {
+            flat_block(img, d, flat, n, blk, pairs, blocks, dst)
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (img, n, blk, &blocks, dst);
+    });
+}
+
+/// Flat block `blk` of image `n` (its zero-bordered pair planes: `img`) for the
+/// channel blocks `blocks`.
+///
+/// SAFETY: AVX512-BF16; `img` holds cp planes laid out by `f`; `dst` is the whole
+/// [b, o, h, w] output, of which this call writes only block `blk`'s positions of
+/// image `n`'s channels in `blocks`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bf16,avx512bw")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn flat_block(img: &[u32], d: Dims, f: Flat, n: usize, blk: usize, pairs: &[u32], blocks: std::ops::Range<usize>, dst: SharedMut) {
+    let (c, o, h, w) = (d.in_ch, d.out_ch, d.h, d.w);
+    let cp = c.div_ceil(2);
+    let p0 = blk * XB;
+    let mut tail = [0f32; XB];
+    for ob in blocks {
+        let wrows: [*const u32; OB] = std::array::from_fn(|j| {
+            let oc = (ob * OB + j).min(o - 1);
+            // SAFETY: oc < o: the row lies inside `pairs` (o * cp * 9 words).
+            unsafe { pairs.as_ptr().add(oc * cp * 9) }
+        });
+        // SAFETY: loads read plane[p0 + ky * pitch + kx ..][..XB], p0 + XB <= blocks * XB,
+        // inside each plane (blocks * XB + 2 * pitch + 2 words).
+        let acc = unsafe { block(img.as_ptr(), f.plane, f.pitch, cp, &wrows, p0) };
+        for (j, a) in acc.iter().enumerate() {
+            let oc = ob * OB + j;
+            if oc >= o {
+                break;
+            }
+            // SAFETY: tail holds XB floats; image n's plane of channel oc < o is inside the output.
+            unsafe {
+                _mm512_storeu_ps(tail.as_mut_ptr(), a[0]);
+                _mm512_storeu_ps(tail.as_mut_ptr().add(L), a[1]);
+                f.scatter(w, h, tail.as_ptr(), p0, XB, dst.get().add((n * o + oc) * h * w));
             }
         }
     }
@@ -172,7 +223,7 @@ unsafe fn output_row(img: &[f32], d: Dims, n: usize, y: usize, pairs: &[u32], bl
         while x0 < w {
             // SAFETY: loads read rows[p * 3 + ky][x0 + kx .. x0 + kx + 32] with
             // x0 + 32 <= wpad and kx <= 2: inside each sw = wpad + 2 row.
-            let acc = unsafe { block(base, sw, cp, &wrows, x0) };
+            let acc = unsafe { block(base, 3 * sw, sw, cp, &wrows, x0) };
             let count = XB.min(w - x0);
             for (j, a) in acc.iter().enumerate() {
                 let oc = blk * OB + j;
@@ -197,20 +248,21 @@ unsafe fn output_row(img: &[f32], d: Dims, n: usize, y: usize, pairs: &[u32], bl
     }
 }
 
-/// Six output channels x 32 pixels from `x0`, summed over all channel pairs and taps.
+/// Six output channels x 32 pixels from `x0`, summed over all channel pairs and taps:
+/// pair p's tap row ky starts `p * chan + ky * pitch` words into `rows`.
 ///
-/// SAFETY: AVX512-BF16; `rows` holds cp * 3 rows of `sw` words with x0 + 34 <= sw;
-/// each `wrows[j]` points at cp * 9 words.
+/// SAFETY: AVX512-BF16; for every p < cp and ky < 3, `rows` holds 34 words from
+/// `p * chan + ky * pitch + x0`; each `wrows[j]` points at cp * 9 words.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bf16,avx512bw")]
 #[inline]
-unsafe fn block(rows: *const u32, sw: usize, cp: usize, wrows: &[*const u32; OB], x0: usize) -> [[__m512; 2]; OB] {
+unsafe fn block(rows: *const u32, chan: usize, pitch: usize, cp: usize, wrows: &[*const u32; OB], x0: usize) -> [[__m512; 2]; OB] {
     unsafe {
         let mut acc = [[_mm512_setzero_ps(); 2]; OB];
         for p in 0..cp {
-            let base = rows.add(p * 3 * sw + x0);
+            let base = rows.add(p * chan + x0);
             for ky in 0..3 {
-                let row = base.add(ky * sw);
+                let row = base.add(ky * pitch);
                 for kx in 0..3 {
                     let a: __m512bh = std::mem::transmute(_mm512_loadu_si512(row.add(kx) as *const __m512i));
                     let b: __m512bh = std::mem::transmute(_mm512_loadu_si512(row.add(kx + L) as *const __m512i));

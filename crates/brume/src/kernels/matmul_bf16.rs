@@ -13,7 +13,9 @@ use std::cell::RefCell;
 use candle_core::Result;
 use rayon::prelude::*;
 
-use super::conv3x3_bf16::{bf16_bits, supported};
+#[cfg(target_arch = "x86_64")]
+use super::bf16::{pack_pairs, round_into};
+use super::bf16::supported;
 use super::matmul::{check, BLayout, Split};
 use super::SharedMut;
 
@@ -28,9 +30,6 @@ thread_local! {
     static PANEL: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
 }
 
-fn pair(lo: f32, hi: f32) -> u32 {
-    bf16_bits(lo) | (bf16_bits(hi) << 16)
-}
 
 /// `dst[i][j] = sum_kk a[i * lda + kk] * B[kk][j]`, bf16 products (see [`super::matmul::gemm`]).
 #[allow(clippy::too_many_arguments)]
@@ -46,9 +45,14 @@ pub(crate) fn gemm(m: usize, n: usize, k: usize, a: &[f32], lda: usize, b: &[f32
     let mut ap = vec![0u32; m * kp];
     ap.par_chunks_mut(kp).enumerate().for_each(|(i, row)| {
         let src = &a[i * lda..i * lda + k];
-        for (p, w) in row.iter_mut().enumerate() {
-            *w = pair(src[2 * p], if 2 * p + 1 < k { src[2 * p + 1] } else { 0.0 });
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: AVX512-BF16 checked above; the row's kp words hold k >= 2 * kp - 1
+        // values (the last high half, past an odd k, stays zero).
+        unsafe {
+            round_into(src, row.as_mut_ptr() as *mut u16)
         }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (src, &row);
     });
     let split = Split::new(m, n, NR);
     let out = SharedMut(dst.as_mut_ptr());
@@ -102,20 +106,34 @@ unsafe fn task(
             let pc = KCP.min(kp - p0);
             let panel = &mut panel[..pc * NR];
             // panel[pp * NR + j] = (B[2p][j0 + j], B[2p + 1][j0 + j]) for p = p0 + pp, zeros past w / k.
-            let at = |kk: usize, j: usize| -> f32 {
-                if kk >= k {
-                    return 0.0;
+            match bl {
+                BLayout::KN { ld } => {
+                    for pp in 0..pc {
+                        let (kk, dst) = (2 * (p0 + pp), &mut panel[pp * NR..(pp + 1) * NR]);
+                        let lo = &b[kk * ld + j0..kk * ld + j0 + w];
+                        let hi = (kk + 1 < k).then(|| &b[(kk + 1) * ld + j0..(kk + 1) * ld + j0 + w]);
+                        // SAFETY: AVX-512 F and BW (the caller's features); dst has NR >= w words.
+                        unsafe { pack_pairs(lo, hi, dst.as_mut_ptr()) };
+                        dst[w..].fill(0);
+                    }
                 }
-                match bl {
-                    BLayout::KN { ld } => b[kk * ld + j0 + j],
-                    BLayout::NK { ld } => b[(j0 + j) * ld + kk],
-                }
-            };
-            for pp in 0..pc {
-                let kk = 2 * (p0 + pp);
-                let dst = &mut panel[pp * NR..(pp + 1) * NR];
-                for (j, d) in dst.iter_mut().enumerate() {
-                    *d = if j < w { pair(at(kk, j), at(kk + 1, j)) } else { 0 };
+                BLayout::NK { ld } => {
+                    // Column j of B is row j0 + j of the [n, k] matrix: its k values
+                    // 2 p0.. are adjacent, so they round straight into pair words.
+                    let mut col = [0u32; KCP];
+                    let (k0, k1) = (2 * p0, (2 * (p0 + pc)).min(k));
+                    if w < NR {
+                        panel.fill(0);
+                    }
+                    for j in 0..w {
+                        let at = (j0 + j) * ld;
+                        col[..pc].fill(0);
+                        // SAFETY: AVX512-BF16 (the caller's); col holds 2 * KCP >= k1 - k0 values.
+                        unsafe { round_into(&b[at + k0..at + k1], col.as_mut_ptr() as *mut u16) };
+                        for (pp, &v) in col[..pc].iter().enumerate() {
+                            panel[pp * NR + j] = v;
+                        }
+                    }
                 }
             }
             let strip = panel.as_ptr();

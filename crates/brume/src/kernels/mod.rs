@@ -10,6 +10,7 @@
 //! [`KernelMode`] switch sends everything back to the plain candle path, which is
 //! how `--kernels reference` checks a result or a timing against candle.
 
+mod bf16;
 pub mod conv3x3;
 pub mod conv3x3_bf16;
 pub mod flash_attention;
