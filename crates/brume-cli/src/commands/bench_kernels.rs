@@ -30,7 +30,7 @@ pub struct KernelArgs {
     #[arg(long)]
     torch_script: Option<PathBuf>,
     /// Only the cases whose name contains this (attn_self, attn_cross, gn, gn_silu,
-    /// conv3x3_320, conv3x3_640, conv1x1_320, linear_320, linear_geglu).
+    /// conv3x3_320, conv3x3_640, conv3x3_1280_16, conv3x3_1280_8, conv1x1_320, linear_320, linear_geglu).
     #[arg(long)]
     only: Option<String>,
 }
@@ -134,13 +134,20 @@ fn cases() -> anyhow::Result<Vec<Case>> {
         });
     }
     // The UNet's convolutions at 512x512: the bar's 3x3 320->320 at 64x64, a
-    // deeper 3x3 and the 1x1 projections around attention.
-    for (name, c, o, hw, k) in [("conv3x3_320", 320, 320, 64, 3), ("conv3x3_640", 640, 640, 32, 3), ("conv1x1_320", 320, 320, 64, 1)] {
+    // deeper 3x3, the 1280-channel levels at 16x16 and 8x8 (batch 2, as under
+    // guidance; narrower than a 32-pixel block) and the 1x1 projections around attention.
+    for (name, b, c, o, hw, k) in [
+        ("conv3x3_320", 1, 320, 320, 64, 3),
+        ("conv3x3_640", 1, 640, 640, 32, 3),
+        ("conv3x3_1280_16", 2, 1280, 1280, 16, 3),
+        ("conv3x3_1280_8", 2, 1280, 1280, 8, 3),
+        ("conv1x1_320", 1, 320, 320, 64, 1),
+    ] {
         v.push(Case {
             name,
-            label: format!("conv {k}x{k} {c}->{o} {hw}x{hw}"),
-            flops: 2.0 * (o * c * k * k * hw * hw) as f64,
-            op: Op::Conv { x: rng.randn(&[1, c, hw, hw], &dev)?, w: (rng.randn(&[o, c, k, k], &dev)? * (1.0 / ((c * k * k) as f64).sqrt()))?, padding: k / 2 },
+            label: format!("conv {k}x{k} {c}->{o} {}{hw}x{hw}", if b > 1 { format!("{b}x ") } else { String::new() }),
+            flops: 2.0 * (b * o * c * k * k * hw * hw) as f64,
+            op: Op::Conv { x: rng.randn(&[b, c, hw, hw], &dev)?, w: (rng.randn(&[o, c, k, k], &dev)? * (1.0 / ((c * k * k) as f64).sqrt()))?, padding: k / 2 },
         });
     }
     // Transformer-block projections at 64x64 tokens: attention q/k/v/out and GEGLU's.

@@ -97,7 +97,7 @@ mod tests {
             return;
         }
         // Ties (0x3F808000 rounds to even), carries into the exponent, subnormals, signs.
-        let mut src: Vec<f32> = [1.0f32, 1.00390625, 1.01171875, -2.5e-39, 3.4e38, -0.0, 0.1, 65504.0]
+        let mut src: Vec<f32> = [1.0f32, 1.0 + 1.0 / 256.0, 1.0 + 3.0 / 256.0, -2.5e-39, 3.4e38, -0.0, 0.1, 65504.0]
             .into_iter()
             .chain((0..37).map(|i| (i as f32 * 0.37).sin() * 10f32.powi(i % 7 - 3)))
             .collect();

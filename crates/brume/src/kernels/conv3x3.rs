@@ -65,7 +65,7 @@ impl Flat {
     /// layout with blocks of `xb` pixels and its copy of the input (`words` per
     /// channel: 1 for f32, 1/2 for bf16 pairs, as `channels`) stays small.
     pub(crate) fn plan(batch: usize, channels: usize, h: usize, w: usize, xb: usize) -> Option<Self> {
-        if w % xb == 0 || h == 0 || w == 0 {
+        if w.is_multiple_of(xb) || h == 0 || w == 0 {
             return None;
         }
         let pitch = w + 2;

@@ -20,8 +20,9 @@ const COLS_BUDGET: u64 = 16 << 20;
 pub struct Kernels {
     pub fused_norm: bool,
     pub fused_attention: bool,
-    /// 3x3 stride-1 convolutions run the direct kernel, whose only scratch is three
-    /// input rows per thread (under a megabyte at SD sizes), not an im2col band.
+    /// 3x3 stride-1 convolutions run the direct kernel, whose scratch is three input
+    /// rows per thread (under a megabyte at SD sizes), or for narrow maps a
+    /// zero-bordered copy of the input (at most 16 MiB), not an im2col band.
     pub direct_conv: bool,
 }
 
@@ -75,7 +76,8 @@ impl Sim {
     /// The scratch of a 3x3, stride-1 convolution from `c` channels over `m`.
     fn conv3(&self, c: u64, m: Map) -> u64 {
         if self.kernels.direct_conv {
-            0
+            // Narrow maps run on a zero-bordered copy of the input (the flat layout).
+            crate::kernels::conv3x3::scratch_bytes(m.b as usize, c as usize, m.h as usize, m.w as usize) as u64
         } else {
             cols(c, 3, m.h, m.w)
         }
