@@ -43,6 +43,11 @@ fn psnr(a: &Tensor, b: &Tensor) -> f64 {
     10.0 * (1.0 / mse.max(1e-20)).log10()
 }
 
+/// The scheme the 4-bit presets give conv and linear weights.
+fn preset_palettize4() -> Scheme {
+    Scheme::parse(&format!("palettize4-g{}", brume::quantization::policy::PRESET_LUT_GROUP)).unwrap()
+}
+
 #[test]
 fn every_preset_converts_loads_and_stays_close_to_fp32() {
     let tmp = tempfile::tempdir().unwrap();
@@ -82,7 +87,7 @@ fn every_preset_converts_loads_and_stays_close_to_fp32() {
         let q = model.store(Component::Unet).get("down_blocks.0.attentions.0.transformer_blocks.0.attn1.to_q.weight").unwrap();
         let ff = model.store(Component::Unet).get("down_blocks.0.attentions.0.transformer_blocks.0.ff.net.2.weight").unwrap();
         let norm = model.store(Component::Unet).get("down_blocks.0.resnets.0.norm1.weight").unwrap();
-        let p4 = Scheme::parse(&format!("palettize4-g{}", brume::quantization::policy::PRESET_LUT_GROUP)).unwrap();
+        let p4 = preset_palettize4();
         let (want_q, want_ff) = match preset {
             "fp32" => (Scheme::F32, Scheme::F32),
             "bf16" => (Scheme::BF16, Scheme::BF16),
@@ -236,9 +241,9 @@ fn another_unet_subfolder_converts_into_its_own_folder() {
     let rec = convert(&model, ConfigSource::Folder(&src), Some(&src), &policy, &out, false).unwrap();
     assert!(out.join("unet_lcm/diffusion_pytorch_model.safetensors").is_file() && !out.join("unet").exists());
     // Policies still name its tensors `unet/...`.
-    assert!(rec.schemes.contains_key(&format!("palettize4-g{}", brume::quantization::policy::PRESET_LUT_GROUP)));
+    assert!(rec.schemes.contains_key(&preset_palettize4().to_string()));
     let converted = SdModel::open(&out, &opts).unwrap();
     let ff = converted.store(Component::Unet).get("down_blocks.0.attentions.0.transformer_blocks.0.ff.net.2.weight").unwrap();
-    assert_eq!(ff.scheme(), Some(Scheme::parse(&format!("palettize4-g{}", brume::quantization::policy::PRESET_LUT_GROUP)).unwrap()));
+    assert_eq!(ff.scheme(), Some(preset_palettize4()));
     run(&converted);
 }

@@ -22,15 +22,6 @@ pub fn supported() -> bool {
     }
 }
 
-/// f32 -> bf16 bits, rounded to nearest even (finite inputs; NaN stays NaN).
-pub(crate) fn bf16_bits(x: f32) -> u32 {
-    let b = x.to_bits();
-    if x.is_nan() {
-        return (b >> 16) | 0x40;
-    }
-    (b.wrapping_add(0x7FFF + ((b >> 16) & 1))) >> 16
-}
-
 /// Rounds `src` into `src.len()` bf16 values at `dst`: consecutive values pair up
 /// into the 32-bit words `vdpbf16ps` takes (element 2p low, 2p + 1 high).
 ///
@@ -47,8 +38,12 @@ pub(crate) unsafe fn round_into(src: &[f32], dst: *mut u16) {
             _mm256_storeu_si256(dst.add(x) as *mut __m256i, r);
             x += 16;
         }
-        for (i, &v) in src[x..].iter().enumerate() {
-            *dst.add(x + i) = bf16_bits(v) as u16;
+        // The tail through the same instruction, so every position rounds alike.
+        let rest = src.len() - x;
+        if rest > 0 {
+            let v = _mm512_maskz_loadu_ps((1u16 << rest) - 1, src.as_ptr().add(x));
+            let r: [u16; 16] = std::mem::transmute(_mm512_cvtneps_pbh(v));
+            std::ptr::copy_nonoverlapping(r.as_ptr(), dst.add(x), rest);
         }
     }
 }
@@ -90,6 +85,15 @@ pub(crate) unsafe fn pack_pairs(lo: &[f32], hi: Option<&[f32]>, dst: *mut u32) {
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
     use super::*;
+
+    /// The scalar rule: f32 -> bf16 bits, rounded to nearest even (NaN stays NaN).
+    fn bf16_bits(x: f32) -> u32 {
+        let b = x.to_bits();
+        if x.is_nan() {
+            return (b >> 16) | 0x40;
+        }
+        (b.wrapping_add(0x7FFF + ((b >> 16) & 1))) >> 16
+    }
 
     #[test]
     fn vector_rounding_matches_the_scalar_rule() {

@@ -62,24 +62,23 @@ pub(crate) struct Flat {
 
 impl Flat {
     /// `Some` when the flat layout computes at least a tenth fewer lanes than the row
-    /// layout with blocks of `xb` pixels and its copy of the input (`words` per
-    /// channel: 1 for f32, 1/2 for bf16 pairs, as `channels`) stays small.
+    /// layout with blocks of `xb` pixels and its copy of the input (`channels` planes
+    /// per image: the input channels for f32, the channel pairs for bf16) stays small.
     pub(crate) fn plan(batch: usize, channels: usize, h: usize, w: usize, xb: usize) -> Option<Self> {
         if w.is_multiple_of(xb) || h == 0 || w == 0 {
             return None;
         }
         let pitch = w + 2;
         let blocks = (h * pitch).div_ceil(xb);
-        let plane = blocks * xb + 2 * pitch + 2;
+        let flat = Self { pitch, blocks, plane: blocks * xb + 2 * pitch + 2 };
         let row_lanes = h * w.div_ceil(xb) * xb;
-        let flat_lanes = blocks * xb;
-        let bytes = batch.saturating_mul(channels).saturating_mul(plane).saturating_mul(4);
-        (flat_lanes * 10 <= row_lanes * 9 && bytes <= FLAT_SCRATCH_MAX).then_some(Self { pitch, blocks, plane })
+        (blocks * xb * 10 <= row_lanes * 9 && flat.bytes(batch, channels) <= FLAT_SCRATCH_MAX).then_some(flat)
     }
 
-    /// Bytes of the zero-bordered copy of `batch` images of `channels` planes.
+    /// Bytes of the zero-bordered copy of `batch` images of `channels` planes
+    /// (saturating: a size past `usize` is simply too large).
     pub(crate) fn bytes(&self, batch: usize, channels: usize) -> usize {
-        batch * channels * self.plane * 4
+        batch.saturating_mul(channels).saturating_mul(self.plane).saturating_mul(4)
     }
 
     /// Copies the valid positions of a block's `count`-lane result, starting at flat

@@ -30,7 +30,6 @@ thread_local! {
     static PANEL: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
 }
 
-
 /// `dst[i][j] = sum_kk a[i * lda + kk] * B[kk][j]`, bf16 products (see [`super::matmul::gemm`]).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm(m: usize, n: usize, k: usize, a: &[f32], lda: usize, b: &[f32], bl: BLayout, dst: &mut [f32]) -> Result<()> {
