@@ -253,7 +253,8 @@ def stage_data(a, budget):
         d = data / f"seed{seed}"
         shards.append((d, n))
         procs.append(subprocess.Popen([exe, "dataset", "--out", str(d), "--count", str(n), "--size", str(a.size),
-                                       "--seed", str(seed)], stderr=subprocess.PIPE, text=True))
+                                       "--seed", str(seed), "--omit-size", str(a.omit_size),
+                                       "--omit-position", str(a.omit_position)], stderr=subprocess.PIPE, text=True))
     for p in procs:
         _, err = p.communicate()
         if p.returncode != 0:
@@ -522,7 +523,7 @@ def spec_labels(spec):
     vals = [bg["colour"], bg["kind"]]
     for i in range(2):
         o = objs[i] if i < len(objs) else None
-        vals += [o["colour"], o["shape"], o["size"]] if o else ["-", "-", "-"]
+        vals += [o["colour"], o["shape"], o["size"] or "-"] if o else ["-", "-", "-"]
     return vals + [spec["position"] or "-", spec["relation"] or "-"]
 
 
@@ -913,6 +914,11 @@ def parse_args():
     p.add_argument("--count", type=int, default=24000, help="training images")
     p.add_argument("--data-seed", type=int, default=0, help="dataset stream seed (shard i uses data_seed+i)")
     p.add_argument("--data-shards", type=int, default=2, help="parallel brume-world processes")
+    p.add_argument("--omit-size", type=float, default=0.2,
+                   help="probability that a caption leaves an object's size out (the picture still has one; "
+                        "pictures do not depend on it, so a cached --data directory stays valid)")
+    p.add_argument("--omit-position", type=float, default=0.25,
+                   help="probability that a one-object caption leaves the position out")
     p.add_argument("--heldout", type=int, default=200, help="held-out prompts rendered for evaluation")
     p.add_argument("--psnr-images", type=int, default=100)
     p.add_argument("--judge-images", type=int, default=32)

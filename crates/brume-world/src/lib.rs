@@ -17,7 +17,7 @@ pub mod scene;
 
 pub use caption::{caption, caption_spec, parse_caption, ParseError};
 pub use colour::Colour;
-pub use dataset::write_dataset;
+pub use dataset::{write_dataset, CaptionConfig};
 pub use judge::{analyse, judge, Analysis, Detection, ObjectVerdict, Verdict};
 pub use render::{degrade, render};
 pub use scene::{

@@ -1,7 +1,10 @@
 //! End-to-end properties of the world: the held-out split and the dataset writer.
 
-use brume_world::dataset::dataset_record;
-use brume_world::{held_out_prompts, held_out_scene, is_held_out, parse_caption, write_dataset};
+use brume_world::dataset::{dataset_record, item_seed};
+use brume_world::{
+    caption, held_out_prompts, held_out_scene, is_held_out, parse_caption, sample_scene, write_dataset, CaptionConfig,
+    Layout, SampleConfig,
+};
 use std::collections::HashSet;
 
 #[test]
@@ -19,9 +22,10 @@ fn held_out_prompts_are_distinct_held_out_and_never_in_training() {
     // The training stream (dataset seed 0, and a second stream) never yields a held-out caption,
     // verbatim or up to paraphrase.
     let held_captions: HashSet<&str> = held.iter().map(|(c, _)| c.as_str()).collect();
-    for seed in [0u64, 12345] {
+    let omitting = CaptionConfig { omit_size: 0.5, omit_position: 0.5 };
+    for (seed, cfg) in [(0u64, CaptionConfig::default()), (12345, CaptionConfig::default()), (7, omitting)] {
         for i in 0..30_000 {
-            let rec = dataset_record(i, seed);
+            let rec = dataset_record(i, seed, &cfg);
             let caption = rec["caption"].as_str().unwrap();
             assert!(!held_captions.contains(caption), "{caption}");
             assert!(!is_held_out(&parse_caption(caption).unwrap()), "{caption}");
@@ -33,7 +37,7 @@ fn held_out_prompts_are_distinct_held_out_and_never_in_training() {
 fn dataset_writer_is_atomic_resumable_and_self_describing() {
     let dir = std::env::temp_dir().join(format!("brume-world-test-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    assert_eq!(write_dataset(&dir, 6, 64, 9).unwrap(), 6);
+    assert_eq!(write_dataset(&dir, 6, 64, 9, &CaptionConfig::default()).unwrap(), 6);
     let jsonl = std::fs::read_to_string(dir.join("captions.jsonl")).unwrap();
     let lines: Vec<serde_json::Value> = jsonl.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(lines.len(), 6);
@@ -49,9 +53,46 @@ fn dataset_writer_is_atomic_resumable_and_self_describing() {
         std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
     assert!(names.iter().all(|n| !n.starts_with('.')), "temporary files left: {names:?}");
     // Rerunning renders nothing new and writes the same captions.
-    assert_eq!(write_dataset(&dir, 6, 64, 9).unwrap(), 0);
+    assert_eq!(write_dataset(&dir, 6, 64, 9, &CaptionConfig::default()).unwrap(), 0);
     assert_eq!(std::fs::read_to_string(dir.join("captions.jsonl")).unwrap(), jsonl);
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Omitting sizes and positions changes what captions say, at the rates asked for, and never the
+/// picture; the default omits nothing and so reproduces earlier datasets' captions.
+#[test]
+fn caption_omissions_change_captions_not_pictures() {
+    let cfg = CaptionConfig { omit_size: 0.3, omit_position: 0.4 };
+    let (mut objects, mut unsized_objects, mut singles, mut unplaced) = (0, 0, 0, 0);
+    for i in 0..4000 {
+        let plain = dataset_record(i, 3, &CaptionConfig::default());
+        let s = item_seed(3, i);
+        assert_eq!(plain["caption"].as_str().unwrap(), caption(&sample_scene(s, &SampleConfig::default()), s));
+        let rec = dataset_record(i, 3, &cfg);
+        assert_eq!(rec["scene"], plain["scene"], "the picture must not depend on the captions");
+        let spec = parse_caption(rec["caption"].as_str().unwrap()).unwrap();
+        assert_eq!(spec.to_json(), rec["spec"]);
+        let full = parse_caption(plain["caption"].as_str().unwrap()).unwrap();
+        for (o, f) in spec.objects.iter().zip(&full.objects) {
+            objects += 1;
+            match o.size {
+                None => unsized_objects += 1,
+                Some(size) => assert_eq!(Some(size), f.size),
+            }
+            assert_eq!((o.shape, o.colour), (f.shape, f.colour));
+        }
+        if let Layout::Single(p) = spec.layout {
+            singles += 1;
+            match p {
+                None => unplaced += 1,
+                Some(_) => assert_eq!(spec.layout, full.layout),
+            }
+        }
+    }
+    let (size_rate, position_rate) = (unsized_objects as f64 / objects as f64, unplaced as f64 / singles as f64);
+    assert!((size_rate - 0.3).abs() < 0.03, "size omitted in {size_rate:.3} of objects");
+    assert!((position_rate - 0.4).abs() < 0.04, "position omitted in {position_rate:.3} of single objects");
+    assert!(CaptionConfig { omit_size: 1.5, omit_position: 0.0 }.validate().unwrap_err().contains("omit_size"));
 }
 
 /// The judge must also *fail* wrong captions: mutate one attribute of a held-out spec (to a value

@@ -2,12 +2,13 @@
 //! from the command line (the main `brume` CLI will wire these in later).
 
 use brume_world::judge::judge;
-use brume_world::{held_out_prompts, parse_caption, render, scene_from_spec, write_dataset};
+use brume_world::{held_out_prompts, parse_caption, render, scene_from_spec, write_dataset, CaptionConfig};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 const USAGE: &str = "usage:
   brume-world dataset --out DIR [--count N=1000] [--size PX=128] [--seed S=0]
+                     [--omit-size P=0] [--omit-position P=0]   (caption leaves it out with probability P)
   brume-world held-out [--count N=200]            (JSON lines: caption, seed)
   brume-world render --caption TEXT --out FILE.png [--size PX=128] [--seed S=0]
   brume-world judge --image FILE --caption TEXT   (prints the verdict; exit 1 if any attribute fails)";
@@ -65,11 +66,14 @@ fn run(argv: Vec<String>) -> Result<ExitCode, String> {
             let count = a.num("--count", 1000u64)?;
             let size = a.num("--size", 128u32)?;
             let seed = a.num("--seed", 0u64)?;
+            let captions =
+                CaptionConfig { omit_size: a.num("--omit-size", 0.0)?, omit_position: a.num("--omit-position", 0.0)? };
             a.done()?;
             if size < 32 {
                 return Err("--size must be at least 32".into());
             }
-            let n = write_dataset(&out, count, size, seed).map_err(|e| format!("{}: {e}", out.display()))?;
+            captions.validate().map_err(|e| format!("--{}", e.replacen('_', "-", 1)))?;
+            let n = write_dataset(&out, count, size, seed, &captions).map_err(|e| format!("{}: {e}", out.display()))?;
             eprintln!("wrote {n} new images ({count} total) and captions.jsonl to {}", out.display());
         }
         "held-out" => {
