@@ -64,9 +64,32 @@ fn every_preset_converts_loads_and_stays_close_to_fp32() {
         ("int4", 16.0),
         ("ternary-attn-fp16", 10.0),
     ];
+    let fp32_weights = brume::memory::segment_weights(
+        &SdModel::open(&source(), &OpenOptions::default()).unwrap(),
+        Segment::Unet,
+        candle_core::DType::F32,
+    );
+    assert_eq!(fp32_weights.scratch, 0, "f32 weights are read in place");
     for (preset, min_psnr) in cases {
         let out = tmp.path().join(preset);
         let model = convert_to(preset, &out);
+        // The estimator sees what the layers do: packed weights stay clean pages of
+        // the file (only vectors are private, as for fp32), plus one expansion block.
+        let w = brume::memory::segment_weights(&model, Segment::Unet, candle_core::DType::F32);
+        assert_eq!(w.private, fp32_weights.private, "{preset}: private weights");
+        assert!(w.mapped <= model.segment_bytes(Segment::Unet) as u64, "{preset}");
+        if preset == "fp16" {
+            let half = fp32_weights.mapped as f64 / 2.0;
+            assert!((w.mapped as f64 - half).abs() < 0.01 * half, "fp16 maps half of fp32: {} vs {half}", w.mapped);
+        }
+        let largest = model
+            .store(Component::Unet)
+            .iter()
+            .filter(|(_, t)| t.shape().len() >= 2 && t.scheme() != Some(Scheme::F32))
+            .map(|(_, t)| t.shape().iter().product::<usize>() as u64 * 4)
+            .max()
+            .unwrap_or(0);
+        assert_eq!(w.scratch, largest, "{preset}: the scratch is the largest packed weight (all under one block)");
         // Self-describing: the record names the policy and the source's fingerprint.
         let record: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join(RECORD_FILE)).unwrap()).unwrap();
         assert_eq!(record["policy"], preset);

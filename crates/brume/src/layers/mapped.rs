@@ -14,6 +14,7 @@ use gemm::{gemm, Parallelism};
 
 use crate::loading::safetensors::{SafetensorsFile, StoredDType};
 use crate::loading::StoredTensor;
+use super::packed::EXPAND_BLOCK_VALUES;
 
 /// An f32 matrix or kernel inside a mapped file, aligned for direct use.
 #[derive(Debug, Clone)]
@@ -150,18 +151,28 @@ impl View<'_> {
         }
     }
 
-    /// Runs `f` on the f32 weights.
-    fn with_data<R>(&self, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
+    /// Runs `f(first, rows, weights)` over the f32 weights of output channels
+    /// `first..first + rows`: all of them at once when they are in memory, blocks of
+    /// them (multiples of `align`) when a packed weight is larger than its scratch.
+    fn for_row_blocks(&self, max_values: usize, mut f: impl FnMut(usize, usize, &[f32]) -> Result<()>) -> Result<()> {
         match self {
-            View::Mapped(m) => Ok(f(m.data())),
-            View::Packed(p) => p.with_expanded(f),
-            View::Slice(data, _) => Ok(f(data)),
+            View::Mapped(m) => f(0, m.shape.first().copied().unwrap_or(0), m.data()),
+            View::Packed(p) => p.for_row_blocks(max_values, BLOCK_ALIGN, f),
+            View::Slice(data, shape) => f(0, shape.first().copied().unwrap_or(0), data),
         }
     }
 }
 
-/// `x [rows, in] -> x W^T [rows, out]` with W [out, in] mapped or packed.
-struct LinearOp<'a>(View<'a>);
+/// Output channels per block are a multiple of this, so the conv kernels' 6-channel
+/// and the GEMM's 8- and 16-row register blocks all stay full.
+const BLOCK_ALIGN: usize = 48;
+
+/// `x [rows, in] -> x W^T [rows, out]` with W [out, in] mapped or packed; a packed
+/// W is expanded at most `block` values at a time.
+struct LinearOp<'a> {
+    w: View<'a>,
+    block: usize,
+}
 
 impl CustomOp1 for LinearOp<'_> {
     fn name(&self) -> &'static str {
@@ -171,34 +182,53 @@ impl CustomOp1 for LinearOp<'_> {
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
         let x = input_f32(storage, layout)?;
         let (rows, k) = layout.shape().dims2()?;
-        let (n, wk) = (self.0.shape()[0], self.0.shape()[1]);
+        let (n, wk) = (self.w.shape()[0], self.w.shape()[1]);
         if k != wk {
-            candle_core::bail!("mapped linear: input width {k} but weight is {:?}", self.0.shape());
+            candle_core::bail!("mapped linear: input width {k} but weight is {:?}", self.w.shape());
         }
         let mut dst = vec![0f32; rows * n];
-        // b[k, n] = W[n, k]: moving along k is stride 1, along n stride `in`.
-        if fast() {
-            use crate::kernels::matmul::{gemm, BLayout};
-            let b = BLayout::NK { ld: k };
-            self.0.with_data(|w| match crate::kernels::compute() {
-                crate::kernels::Compute::Bf16 => crate::kernels::matmul_bf16::gemm(rows, n, k, x, k, w, b, &mut dst),
-                crate::kernels::Compute::F32 => gemm(crate::kernels::isa(), rows, n, k, x, k, w, b, &mut dst),
-            })??;
-        } else {
-            self.0.with_data(|w| sgemm(rows, n, k, &mut dst, x, k, 1, w, 1, k))?;
-        }
+        let mut part = Vec::new();
+        self.w.for_row_blocks(self.block, |first, nb, w| {
+            if nb == n {
+                return linear_into(x, rows, k, nb, w, &mut dst);
+            }
+            // A block of output features: columns first..first + nb of every row.
+            part.clear();
+            part.resize(rows * nb, 0.0);
+            linear_into(x, rows, k, nb, w, &mut part)?;
+            for (d, p) in dst.chunks_exact_mut(n).zip(part.chunks_exact(nb)) {
+                d[first..first + nb].copy_from_slice(p);
+            }
+            Ok(())
+        })?;
         Ok((CpuStorage::F32(dst), Shape::from((rows, n))))
+    }
+}
+
+/// `dst [rows, n] = x [rows, k] W^T` for W [n, k] in memory.
+fn linear_into(x: &[f32], rows: usize, k: usize, n: usize, w: &[f32], dst: &mut [f32]) -> Result<()> {
+    if fast() {
+        use crate::kernels::matmul::{gemm, BLayout};
+        // b[k, n] = W[n, k]: moving along k is stride 1, along n stride `in`.
+        let b = BLayout::NK { ld: k };
+        match crate::kernels::compute() {
+            crate::kernels::Compute::Bf16 => crate::kernels::matmul_bf16::gemm(rows, n, k, x, k, w, b, dst),
+            crate::kernels::Compute::F32 => gemm(crate::kernels::isa(), rows, n, k, x, k, w, b, dst),
+        }
+    } else {
+        sgemm(rows, n, k, dst, x, k, 1, w, 1, k);
+        Ok(())
     }
 }
 
 /// `x [rows, in]` times the transposed mapped weight.
 pub fn linear(x: &Tensor, w: &MappedF32) -> Result<Tensor> {
-    x.contiguous()?.apply_op1_no_bwd(&LinearOp(View::Mapped(w)))
+    x.contiguous()?.apply_op1_no_bwd(&LinearOp { w: View::Mapped(w), block: EXPAND_BLOCK_VALUES })
 }
 
 /// `x [rows, in]` times the transposed packed weight (expanded for the call).
 pub fn linear_packed(x: &Tensor, w: &super::packed::PackedWeight) -> Result<Tensor> {
-    x.contiguous()?.apply_op1_no_bwd(&LinearOp(View::Packed(w)))
+    x.contiguous()?.apply_op1_no_bwd(&LinearOp { w: View::Packed(w), block: EXPAND_BLOCK_VALUES })
 }
 
 /// 2-D convolution with a mapped [out, in, k, k] kernel: im2col + one GEMM per image.
@@ -206,6 +236,8 @@ struct ConvOp<'a> {
     w: View<'a>,
     stride: usize,
     padding: usize,
+    /// Most values of a packed kernel expanded at once.
+    block: usize,
 }
 
 impl CustomOp1 for ConvOp<'_> {
@@ -227,54 +259,90 @@ impl CustomOp1 for ConvOp<'_> {
         }
         let ho = (h + 2 * p - kh) / s + 1;
         let wo = (w + 2 * p - kw) / s + 1;
-        let (hw, ck) = (ho * wo, c * kh * kw);
+        let hw = ho * wo;
+        let geom = ConvGeom { b, c, h, w, kh, kw, s, p, ho, wo };
         let mut dst = vec![0f32; b * o * hw];
-        if (kh, kw, s, p) == (3, 3, 1, 1) && fast() {
-            let d = crate::kernels::conv3x3::Dims { batch: b, in_ch: c, out_ch: o, h, w };
-            self.w.with_data(|weights| match crate::kernels::compute() {
-                crate::kernels::Compute::Bf16 => crate::kernels::conv3x3_bf16::run(x, d, weights, &mut dst),
-                crate::kernels::Compute::F32 => crate::kernels::conv3x3::run(crate::kernels::isa(), x, d, weights, &mut dst),
-            })??;
-            return Ok((CpuStorage::F32(dst), Shape::from((b, o, ho, wo))));
-        }
-        let direct = kh == 1 && kw == 1 && s == 1 && p == 0;
-        // Unfold a band of output rows at a time so the patch buffer stays near
-        // COLS_BUDGET whatever the image size (a whole 512x512 VAE layer would need ~1.2 GB).
-        const COLS_BUDGET: usize = 16 << 20;
-        let band = (COLS_BUDGET / (4 * ck * wo).max(1)).clamp(1, ho);
-        let mut cols = if direct { Vec::new() } else { vec![0f32; ck * band * wo] };
-        let mut run = |weights: &[f32]| -> Result<()> {
-            for n in 0..b {
-                let img = &x[n * c * h * w..(n + 1) * c * h * w];
-                let out = &mut dst[n * o * hw..(n + 1) * o * hw];
-                if direct && fast() {
-                    use crate::kernels::matmul::{gemm, BLayout};
-                    let bl = BLayout::KN { ld: hw };
-                    match crate::kernels::compute() {
-                        crate::kernels::Compute::Bf16 => crate::kernels::matmul_bf16::gemm(o, hw, ck, weights, ck, img, bl, out)?,
-                        crate::kernels::Compute::F32 => gemm(crate::kernels::isa(), o, hw, ck, weights, ck, img, bl, out)?,
-                    }
-                    continue;
-                }
-                if direct {
-                    sgemm(o, hw, ck, out, weights, ck, 1, img, hw, 1);
-                    continue;
-                }
-                let mut oy0 = 0;
-                while oy0 < ho {
-                    let rows = band.min(ho - oy0);
-                    let cols = &mut cols[..ck * rows * wo];
-                    im2col(img, c, h, w, kh, kw, s, p, oy0, rows, wo, cols);
-                    let n_cols = rows * wo;
-                    sgemm_strided(o, n_cols, ck, &mut out[oy0 * wo..], hw, weights, ck, 1, cols, n_cols, 1);
-                    oy0 += rows;
-                }
+        let mut cols = Vec::new();
+        let mut part = Vec::new();
+        self.w.for_row_blocks(self.block, |first, ob, weights| {
+            if ob == o {
+                return conv_into(x, geom, ob, weights, &mut cols, &mut dst);
+            }
+            // A block of output channels: planes first..first + ob of every image.
+            part.clear();
+            part.resize(b * ob * hw, 0.0);
+            conv_into(x, geom, ob, weights, &mut cols, &mut part)?;
+            for (d, p) in dst.chunks_exact_mut(o * hw).zip(part.chunks_exact(ob * hw)) {
+                d[first * hw..(first + ob) * hw].copy_from_slice(p);
             }
             Ok(())
-        };
-        self.w.with_data(&mut run)??;
+        })?;
         Ok((CpuStorage::F32(dst), Shape::from((b, o, ho, wo))))
     }
+}
+
+/// The sizes of one convolution call (input, kernel, stride, padding, output).
+#[derive(Clone, Copy)]
+struct ConvGeom {
+    b: usize,
+    c: usize,
+    h: usize,
+    w: usize,
+    kh: usize,
+    kw: usize,
+    s: usize,
+    p: usize,
+    ho: usize,
+    wo: usize,
+}
+
+/// `out [b, o, ho, wo]` = conv(`x`, `weights` [o, c, kh, kw]); `cols` is the reused
+/// patch buffer of the im2col path.
+fn conv_into(x: &[f32], g: ConvGeom, o: usize, weights: &[f32], cols: &mut Vec<f32>, out: &mut [f32]) -> Result<()> {
+    let ConvGeom { b, c, h, w, kh, kw, s, p, ho, wo } = g;
+    let (hw, ck) = (ho * wo, c * kh * kw);
+    if (kh, kw, s, p) == (3, 3, 1, 1) && fast() {
+        let d = crate::kernels::conv3x3::Dims { batch: b, in_ch: c, out_ch: o, h, w };
+        return match crate::kernels::compute() {
+            crate::kernels::Compute::Bf16 => crate::kernels::conv3x3_bf16::run(x, d, weights, out),
+            crate::kernels::Compute::F32 => crate::kernels::conv3x3::run(crate::kernels::isa(), x, d, weights, out),
+        };
+    }
+    let direct = kh == 1 && kw == 1 && s == 1 && p == 0;
+    // Unfold a band of output rows at a time so the patch buffer stays near
+    // COLS_BUDGET whatever the image size (a whole 512x512 VAE layer would need ~1.2 GB).
+    const COLS_BUDGET: usize = 16 << 20;
+    let band = (COLS_BUDGET / (4 * ck * wo).max(1)).clamp(1, ho);
+    if !direct && cols.len() < ck * band * wo {
+        cols.resize(ck * band * wo, 0.0);
+    }
+    for n in 0..b {
+        let img = &x[n * c * h * w..(n + 1) * c * h * w];
+        let out = &mut out[n * o * hw..(n + 1) * o * hw];
+        if direct && fast() {
+            use crate::kernels::matmul::{gemm, BLayout};
+            let bl = BLayout::KN { ld: hw };
+            match crate::kernels::compute() {
+                crate::kernels::Compute::Bf16 => crate::kernels::matmul_bf16::gemm(o, hw, ck, weights, ck, img, bl, out)?,
+                crate::kernels::Compute::F32 => gemm(crate::kernels::isa(), o, hw, ck, weights, ck, img, bl, out)?,
+            }
+            continue;
+        }
+        if direct {
+            sgemm(o, hw, ck, out, weights, ck, 1, img, hw, 1);
+            continue;
+        }
+        let mut oy0 = 0;
+        while oy0 < ho {
+            let rows = band.min(ho - oy0);
+            let cols = &mut cols[..ck * rows * wo];
+            im2col(img, c, h, w, kh, kw, s, p, oy0, rows, wo, cols);
+            let n_cols = rows * wo;
+            sgemm_strided(o, n_cols, ck, &mut out[oy0 * wo..], hw, weights, ck, 1, cols, n_cols, 1);
+            oy0 += rows;
+        }
+    }
+    Ok(())
 }
 
 /// Unfolds output rows `oy0..oy0 + rows` of one image into [c * kh * kw, rows * wo]
@@ -321,12 +389,30 @@ fn im2col(img: &[f32], c: usize, h: usize, w: usize, kh: usize, kw: usize, s: us
 }
 
 pub fn conv2d(x: &Tensor, w: &MappedF32, stride: usize, padding: usize) -> Result<Tensor> {
-    x.contiguous()?.apply_op1_no_bwd(&ConvOp { w: View::Mapped(w), stride, padding })
+    x.contiguous()?.apply_op1_no_bwd(&ConvOp { w: View::Mapped(w), stride, padding, block: EXPAND_BLOCK_VALUES })
 }
 
 /// 2-D convolution with a packed kernel, expanded for the call.
 pub fn conv2d_packed(x: &Tensor, w: &super::packed::PackedWeight, stride: usize, padding: usize) -> Result<Tensor> {
-    x.contiguous()?.apply_op1_no_bwd(&ConvOp { w: View::Packed(w), stride, padding })
+    x.contiguous()?.apply_op1_no_bwd(&ConvOp { w: View::Packed(w), stride, padding, block: EXPAND_BLOCK_VALUES })
+}
+
+/// [`linear_packed`] expanding at most `block` values at a time (tests of the split path).
+#[cfg(test)]
+pub(crate) fn linear_packed_in_blocks(x: &Tensor, w: &super::packed::PackedWeight, block: usize) -> Result<Tensor> {
+    x.contiguous()?.apply_op1_no_bwd(&LinearOp { w: View::Packed(w), block })
+}
+
+/// [`conv2d_packed`] expanding at most `block` values at a time (tests of the split path).
+#[cfg(test)]
+pub(crate) fn conv2d_packed_in_blocks(
+    x: &Tensor,
+    w: &super::packed::PackedWeight,
+    stride: usize,
+    padding: usize,
+    block: usize,
+) -> Result<Tensor> {
+    x.contiguous()?.apply_op1_no_bwd(&ConvOp { w: View::Packed(w), stride, padding, block })
 }
 
 /// 2-D convolution with a dense f32 CPU kernel, through the same im2col + GEMM
@@ -340,7 +426,7 @@ pub fn conv2d_dense(x: &Tensor, w: &Tensor, stride: usize, padding: usize) -> Re
         candle_core::bail!("dense conv kernel: the weight is not on the CPU");
     };
     let data = input_f32(cpu, layout)?;
-    x.contiguous()?.apply_op1_no_bwd(&ConvOp { w: View::Slice(data, w.dims()), stride, padding })
+    x.contiguous()?.apply_op1_no_bwd(&ConvOp { w: View::Slice(data, w.dims()), stride, padding, block: EXPAND_BLOCK_VALUES })
 }
 
 /// Gathers rows of a mapped [rows, dim] table.

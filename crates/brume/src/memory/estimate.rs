@@ -11,7 +11,6 @@ use candle_core::DType;
 
 use super::sim::{self, Kernels};
 use super::strategy::{Residency, Strategy, VaeDecode};
-use crate::loading::safetensors::StoredDType;
 use crate::loading::Segment;
 use crate::models::{ClipTextConfig, UNetConfig};
 use crate::pipelines::{SdModel, VaeConfig};
@@ -51,10 +50,14 @@ impl Footprint {
 /// One segment's weights as they will sit in memory.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SegmentWeights {
-    /// Matrices and kernels read in place from the mapped file (clean pages).
+    /// Matrices and kernels read in place from the mapped file (clean pages):
+    /// f32 ones directly, half-precision and compressed ones expanded per layer.
     pub mapped: u64,
     /// Copied or converted tensors (private dirty).
     pub private: u64,
+    /// The largest block a packed linear or conv weight of the segment expands
+    /// into (f32 bytes): the per-thread scratch, which outlives the segment.
+    pub scratch: u64,
 }
 
 impl SegmentWeights {
@@ -63,24 +66,32 @@ impl SegmentWeights {
     }
 }
 
-/// How a segment's weights will be held when computing in `dtype` on the CPU:
-/// f32 matrices and kernels (rank >= 2) stored as f32 are used in place; every
-/// other floating tensor is materialised in the compute dtype (the rule
-/// `layers::Param::load` applies).
+/// How a segment's weights will be held when computing in `dtype` on the CPU,
+/// following `layers::Param::load`: matrices and kernels (rank >= 2) stored as
+/// f32, f16, bf16 or compressed stay in the file (f32 read in place, the rest
+/// expanded a block of output channels at a time into a reused scratch); every
+/// other floating tensor, and everything when computing in another dtype, is
+/// materialised in the compute dtype.
 pub fn segment_weights(model: &SdModel, seg: Segment, dtype: DType) -> SegmentWeights {
+    use crate::layers::packed::{block_rows, EXPAND_BLOCK_VALUES};
+    use crate::quantization::Scheme;
     let (component, prefixes) = seg.weights();
     let mut w = SegmentWeights::default();
     for (name, t) in model.store(component).iter() {
         if !prefixes.is_empty() && !prefixes.iter().any(|p| name.starts_with(p)) {
             continue;
         }
-        if !t.dtype().is_float() {
-            continue;
-        }
+        let Some(scheme) = t.scheme() else { continue };
         let shape = t.shape();
         let numel: usize = shape.iter().product();
-        if dtype == DType::F32 && t.dtype() == StoredDType::F32 && shape.len() >= 2 {
+        if dtype == DType::F32 && shape.len() >= 2 {
             w.mapped += t.nbytes() as u64;
+            // Embedding tables are gathered row by row, with no scratch.
+            if scheme != Scheme::F32 && !name.contains("embeddings.") {
+                let (rows, row) = (shape[0], numel / shape[0].max(1));
+                let block = block_rows(rows, row, EXPAND_BLOCK_VALUES, 1) * row;
+                w.scratch = w.scratch.max(block as u64 * 4);
+            }
         } else {
             w.private += (numel * dtype.size_in_bytes()) as u64;
         }
@@ -168,6 +179,16 @@ pub fn estimate(model: &ModelProfile, req: &RequestShape, strategy: &Strategy) -
     let cond = (branches * req.batch * TOKENS * hidden * 4) as u64 * 2
         + kv_channels(&model.unet) * (branches * req.batch * TOKENS * s) as u64;
     let base = Footprint { rss: BASE_PRIVATE + BASE_SHARED, private_dirty: BASE_PRIVATE };
+    // The expansion scratch is the running thread's and never shrinks: each phase
+    // holds the largest block of every segment run so far (text, encode, UNet, decode).
+    let scratch = |segs: &[Segment]| {
+        Footprint::private(segs.iter().map(|&s| model.weights(s).scratch).max().unwrap_or(0))
+    };
+    let encoder = if req.encodes_image { Segment::VaeEncoder } else { Segment::TextEncoder };
+    let text_scratch = scratch(&[Segment::TextEncoder]);
+    let enc_scratch = scratch(&[Segment::TextEncoder, encoder]);
+    let unet_scratch = scratch(&[Segment::TextEncoder, encoder, Segment::Unet]);
+    let dec_scratch = scratch(&[Segment::TextEncoder, encoder, Segment::Unet, Segment::VaeDecoder]);
 
     let text_act = sim::text_encoder(&model.text, req.batch, TOKENS, s, model.kernels);
     let unet_act = sim::unet(&model.unet, branches * req.batch, lh, lw, s, TOKENS, strategy.attention, model.kernels);
@@ -206,12 +227,13 @@ pub fn estimate(model: &ModelProfile, req: &RequestShape, strategy: &Strategy) -
             base.add(dec_w).add(Footprint::private(cond + latents + dec_act + image)),
         ),
     };
+    let (text, unet, decode) = (text.add(text_scratch), unet.add(unet_scratch), decode.add(dec_scratch));
     let encode = if req.encodes_image {
         let weights = match strategy.residency {
             Residency::AllResident => text_w.add(unet_w).add(dec_w).add(enc_w),
             Residency::Sequential => enc_w,
         };
-        base.add(weights).add(Footprint::private(cond + enc_act))
+        base.add(weights).add(Footprint::private(cond + enc_act)).add(enc_scratch)
     } else {
         Footprint::default()
     };
