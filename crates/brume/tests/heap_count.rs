@@ -34,15 +34,23 @@ fn a_spike_between_samples_is_in_the_peak() {
     }
 }
 
+/// Bytes other threads may allocate or free while a test measures: the counters
+/// are process-wide, and the test harness's own threads keep running (a run once
+/// saw the live count 24 bytes short of an exact 16 MiB). Far below the sizes the
+/// tests allocate, so an allocation path that is not counted still fails them.
+const OTHERS: u64 = 256 << 10;
+
 #[test]
 fn realloc_and_zeroed_allocations_are_counted() {
     let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let (before, _) = heap().unwrap();
     let mut v: Vec<u8> = Vec::with_capacity(MIB as usize);
     v.resize((8 * MIB) as usize, 7);
+    let (grown, _) = heap().unwrap();
+    assert!(grown + OTHERS >= before + 8 * MIB, "realloc not counted: live {grown} vs before {before}");
     let z = vec![0u64; MIB as usize];
     let (live, _) = heap().unwrap();
-    assert!(live >= before + 16 * MIB, "live {live} vs before {before}");
+    assert!(live + OTHERS >= grown + 8 * MIB, "zeroed allocation not counted: live {live} vs {grown}");
     drop((v, z));
     let (after, _) = heap().unwrap();
     assert!(after < before + MIB, "freed: {after} vs {before}");

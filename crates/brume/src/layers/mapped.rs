@@ -153,7 +153,8 @@ impl View<'_> {
 
     /// Runs `f(first, rows, weights)` over the f32 weights of output channels
     /// `first..first + rows`: all of them at once when they are in memory, blocks of
-    /// them (multiples of `align`) when a packed weight is larger than its scratch.
+    /// them (multiples of [`BLOCK_ALIGN`] channels, at most `max_values` values) when
+    /// a packed weight is larger than that.
     fn for_row_blocks(&self, max_values: usize, mut f: impl FnMut(usize, usize, &[f32]) -> Result<()>) -> Result<()> {
         match self {
             View::Mapped(m) => f(0, m.shape.first().copied().unwrap_or(0), m.data()),
