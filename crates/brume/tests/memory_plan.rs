@@ -216,8 +216,11 @@ fn fused_kernels_need_less_and_leave_no_attention_rung() {
     // A 64x64 latent: 4096 queries x 4096 keys of scores per head on the plain path.
     assert!(f.unet.private_dirty < r.unet.private_dirty, "{} vs {}", f.unet.private_dirty, r.unet.private_dirty);
     assert!(f.decode.private_dirty < r.decode.private_dirty);
-    // Weights do not depend on the kernels.
-    assert_eq!(f.peak.rss - f.peak.private_dirty, r.peak.rss - r.peak.private_dirty);
+    // Weights do not depend on the kernels (compared per phase: the fixture's packed
+    // weights are mapped, so which phase peaks decides the overall figure).
+    for (a, b) in [(f.text, r.text), (f.unet, r.unet), (f.decode, r.decode)] {
+        assert_eq!(a.rss - a.private_dirty, b.rss - b.private_dirty);
+    }
     // No score matrix, nothing to chunk: the rungs go from sequential to tiles.
     let ladder = rungs(&fused, &s, 1 << 20);
     assert!(ladder.iter().all(|st| st.attention == AttentionMode::Full), "{ladder:?}");
