@@ -153,20 +153,45 @@ impl View<'_> {
 
     /// Runs `f(first, rows, weights)` over the f32 weights of output channels
     /// `first..first + rows`: all of them at once when they are in memory, blocks of
-    /// them (multiples of [`BLOCK_ALIGN`] channels, at most `max_values` values) when
+    /// them (multiples of [`super::packed::BLOCK_ALIGN`] channels, at most `max_values` values) when
     /// a packed weight is larger than that.
     fn for_row_blocks(&self, max_values: usize, mut f: impl FnMut(usize, usize, &[f32]) -> Result<()>) -> Result<()> {
         match self {
             View::Mapped(m) => f(0, m.shape.first().copied().unwrap_or(0), m.data()),
-            View::Packed(p) => p.for_row_blocks(max_values, BLOCK_ALIGN, f),
+            View::Packed(p) => p.for_row_blocks(max_values, super::packed::BLOCK_ALIGN, f),
             View::Slice(data, shape) => f(0, shape.first().copied().unwrap_or(0), data),
         }
     }
 }
 
-/// Output channels per block are a multiple of this, so the conv kernels' 6-channel
-/// and the GEMM's 8- and 16-row register blocks all stay full.
-const BLOCK_ALIGN: usize = 48;
+/// Runs `run(rows, weights, out)` once per block of output channels of `w` and
+/// places each block's result in `dst`, which holds, for each of its outer items
+/// (rows of a linear, images of a conv), all the channels' outputs of `unit`
+/// values each. With the weights in memory there is one block and `run` writes
+/// `dst` directly.
+fn by_blocks(
+    w: &View,
+    block: usize,
+    unit: usize,
+    dst: &mut [f32],
+    mut run: impl FnMut(usize, &[f32], &mut [f32]) -> Result<()>,
+) -> Result<()> {
+    let total = w.shape().first().copied().unwrap_or(0) * unit;
+    let mut part = Vec::new();
+    w.for_row_blocks(block, |first, rows, weights| {
+        if rows * unit == total {
+            return run(rows, weights, dst);
+        }
+        let outer = if total == 0 { 0 } else { dst.len() / total };
+        part.clear();
+        part.resize(outer * rows * unit, 0.0);
+        run(rows, weights, &mut part)?;
+        for (d, p) in dst.chunks_exact_mut(total).zip(part.chunks_exact(rows * unit)) {
+            d[first * unit..(first + rows) * unit].copy_from_slice(p);
+        }
+        Ok(())
+    })
+}
 
 /// `x [rows, in] -> x W^T [rows, out]` with W [out, in] mapped or packed; a packed
 /// W is expanded at most `block` values at a time.
@@ -188,20 +213,7 @@ impl CustomOp1 for LinearOp<'_> {
             candle_core::bail!("mapped linear: input width {k} but weight is {:?}", self.w.shape());
         }
         let mut dst = vec![0f32; rows * n];
-        let mut part = Vec::new();
-        self.w.for_row_blocks(self.block, |first, nb, w| {
-            if nb == n {
-                return linear_into(x, rows, k, nb, w, &mut dst);
-            }
-            // A block of output features: columns first..first + nb of every row.
-            part.clear();
-            part.resize(rows * nb, 0.0);
-            linear_into(x, rows, k, nb, w, &mut part)?;
-            for (d, p) in dst.chunks_exact_mut(n).zip(part.chunks_exact(nb)) {
-                d[first..first + nb].copy_from_slice(p);
-            }
-            Ok(())
-        })?;
+        by_blocks(&self.w, self.block, 1, &mut dst, |nb, w, out| linear_into(x, rows, k, nb, w, out))?;
         Ok((CpuStorage::F32(dst), Shape::from((rows, n))))
     }
 }
@@ -264,20 +276,7 @@ impl CustomOp1 for ConvOp<'_> {
         let geom = ConvGeom { b, c, h, w, kh, kw, s, p, ho, wo };
         let mut dst = vec![0f32; b * o * hw];
         let mut cols = Vec::new();
-        let mut part = Vec::new();
-        self.w.for_row_blocks(self.block, |first, ob, weights| {
-            if ob == o {
-                return conv_into(x, geom, ob, weights, &mut cols, &mut dst);
-            }
-            // A block of output channels: planes first..first + ob of every image.
-            part.clear();
-            part.resize(b * ob * hw, 0.0);
-            conv_into(x, geom, ob, weights, &mut cols, &mut part)?;
-            for (d, p) in dst.chunks_exact_mut(o * hw).zip(part.chunks_exact(ob * hw)) {
-                d[first * hw..(first + ob) * hw].copy_from_slice(p);
-            }
-            Ok(())
-        })?;
+        by_blocks(&self.w, self.block, hw, &mut dst, |ob, w, out| conv_into(x, geom, ob, w, &mut cols, out))?;
         Ok((CpuStorage::F32(dst), Shape::from((b, o, ho, wo))))
     }
 }

@@ -29,6 +29,10 @@ const CHUNK_VALUES: usize = 1 << 16;
 /// Most f32 values expanded at once (32 MiB): the expansion scratch's size.
 pub const EXPAND_BLOCK_VALUES: usize = 8 << 20;
 
+/// Output channels per block are a multiple of this, so the conv kernels' 6-channel
+/// and the GEMM's 8- and 16-row register blocks all stay full.
+pub const BLOCK_ALIGN: usize = 48;
+
 /// Output channels per block of a split weight, for a weight of `rows` output
 /// channels of `row` values each: all of them when the weight fits in
 /// `max_values`, else the most that fit, rounded down to a multiple of `align`

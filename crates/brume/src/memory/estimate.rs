@@ -73,7 +73,7 @@ impl SegmentWeights {
 /// other floating tensor, and everything when computing in another dtype, is
 /// materialised in the compute dtype.
 pub fn segment_weights(model: &SdModel, seg: Segment, dtype: DType) -> SegmentWeights {
-    use crate::layers::packed::{block_rows, EXPAND_BLOCK_VALUES};
+    use crate::layers::packed::{block_rows, BLOCK_ALIGN, EXPAND_BLOCK_VALUES};
     use crate::quantization::Scheme;
     let (component, prefixes) = seg.weights();
     let mut w = SegmentWeights::default();
@@ -89,7 +89,7 @@ pub fn segment_weights(model: &SdModel, seg: Segment, dtype: DType) -> SegmentWe
             // Embedding tables are gathered row by row, with no scratch.
             if scheme != Scheme::F32 && !name.contains("embeddings.") {
                 let (rows, row) = (shape[0], numel / shape[0].max(1));
-                let block = block_rows(rows, row, EXPAND_BLOCK_VALUES, 1) * row;
+                let block = block_rows(rows, row, EXPAND_BLOCK_VALUES, BLOCK_ALIGN) * row;
                 w.scratch = w.scratch.max(block as u64 * 4);
             }
         } else {
