@@ -163,6 +163,45 @@ fn planner_uses_an_installed_lower_precision_variant_last() {
 }
 
 #[test]
+fn planner_keeps_rss_within_a_working_set_and_warns_when_it_cannot() {
+    let m = model();
+    let p = ModelProfile::of(&m, DType::F32).with_kernels(Kernels::REFERENCE);
+    let s = shape(512);
+    let rss = |prof: &ModelProfile, st: Strategy| estimate(prof, &s, &st).peak.rss;
+    let roomy = estimate(&p, &s, &Strategy::PLAIN).peak.private_dirty * 2;
+    let none: [PrecisionVariant; 0] = [];
+    // Sequential segments hold one segment's mapped weights at a time, so a working
+    // set just below the resident plan's RSS makes the planner drop to them,
+    // though private memory alone would allow the plain path.
+    let resident_rss = rss(&p, Strategy::PLAIN);
+    assert!(rss(&p, SEQ) < resident_rss);
+    let budget = Budget::explicit(roomy, "roomy").with_working_set(resident_rss - 1);
+    let chosen = plan(&p, &s, &budget, ResolutionFallback::Off, &none).unwrap();
+    assert_eq!(chosen.strategy.residency, Residency::Sequential, "{}", chosen.summary());
+    assert!(chosen.over_working_set().is_none() && !chosen.summary().contains("warning"), "{}", chosen.summary());
+    // A working set below every rung: a lower-precision variant whose RSS fits wins,
+    // though the model itself fits in private memory...
+    let floor = rungs(&p, &s, roomy).into_iter().map(|st| rss(&p, st)).min().unwrap();
+    let small = ModelProfile::of(&m, DType::F16).with_kernels(Kernels::REFERENCE);
+    let small_floor = rungs(&small, &s, roomy).into_iter().map(|st| rss(&small, st)).min().unwrap();
+    assert!(small_floor < floor, "{small_floor} vs {floor}");
+    let budget = Budget::explicit(roomy, "roomy").with_working_set(floor - 1);
+    let variants = [PrecisionVariant { label: "f16".into(), model: &small }];
+    let chosen = plan(&p, &s, &budget, ResolutionFallback::Off, &variants).unwrap();
+    assert_eq!(chosen.variant.as_ref().map(|(_, l)| l.as_str()), Some("f16"), "{}", chosen.summary());
+    // ...and without one the model runs, with a warning naming the working set.
+    // (sequential segments, which page less and give the same picture).
+    let chosen = plan(&p, &s, &budget, ResolutionFallback::Off, &none).unwrap();
+    assert_eq!(chosen.strategy, SEQ, "{}", chosen.summary());
+    assert_eq!(chosen.over_working_set(), Some(floor - 1));
+    assert!(chosen.summary().contains("working set") && chosen.summary().contains("--precision-variant"), "{}", chosen.summary());
+    // Device tiers carry their published working set.
+    let a16 = Budget::resolve(Some("a16"), None).unwrap();
+    assert_eq!(a16.working_set(), Some(1 << 30).map(|_| brume::runtime::budget::tier("a16").unwrap().working_set));
+    assert_eq!(Budget::explicit(1 << 30, "1GiB").working_set(), None);
+}
+
+#[test]
 fn a_budget_that_shrinks_mid_run_falls_back_then_refuses_cleanly() {
     let m = model();
     let req = request(256);

@@ -110,7 +110,10 @@ pub fn run(a: MemArgs) -> anyhow::Result<()> {
         let (strategy, est) = match &planned {
             Ok(p) => {
                 let fb = p.fallbacks();
-                let s = if fb.is_empty() { p.strategy.label() } else { format!("{} ({})", p.strategy.label(), fb.len()) };
+                let mut s = if fb.is_empty() { p.strategy.label() } else { format!("{} ({})", p.strategy.label(), fb.len()) };
+                if p.over_working_set().is_some() {
+                    s.push_str(" >ws");
+                }
                 (s, Some(p.estimate.peak))
             }
             Err(_) => ("refused by the planner".to_string(), None),
@@ -136,7 +139,13 @@ pub fn run(a: MemArgs) -> anyhow::Result<()> {
         }
         cmd.args(["--width", &row.size.to_string(), "--height", &row.size.to_string()])
             .args(["--steps", &a.steps.to_string(), "--guidance", &a.guidance.to_string()])
-            .args(["--memory-plan", &row.plan_name, "--memory-budget", &row.budget.bytes().to_string()])
+            .args(["--memory-plan", &row.plan_name]);
+        // A tier, not its byte figure, so the child plans with the tier's working set too.
+        match row.budget.source() {
+            brume::runtime::budget::BudgetSource::Tier(t) => cmd.args(["--device-tier", t.name]),
+            _ => cmd.args(["--memory-budget", &row.budget.bytes().to_string()]),
+        };
+        cmd
             .arg("--memory-report")
             .arg("--force")
             .arg("--out")
@@ -190,6 +199,7 @@ pub fn run(a: MemArgs) -> anyhow::Result<()> {
     if !a.dry_run {
         println!("largest |estimate - measured| / measured over completed rows: {worst:.1}% (bar: 15%)");
     }
+    println!("(>ws: estimated RSS above the tier's working set, so mapped weights are paged from storage during the run)");
     Ok(())
 }
 

@@ -116,22 +116,55 @@ impl Plan {
         f
     }
 
+    /// The budget's working set when this plan's estimated RSS exceeds it: the
+    /// run fits in private memory but its mapped weights will be paged from
+    /// storage as they are used, which is slow, not fatal.
+    pub fn over_working_set(&self) -> Option<u64> {
+        self.budget.working_set().filter(|&ws| self.estimate.peak.rss > ws)
+    }
+
     /// One line for stderr and the recipe.
     pub fn summary(&self) -> String {
         let fb = self.fallbacks();
         let what = if fb.is_empty() { "no fallback needed".to_string() } else { format!("fallback: {}", fb.join(", ")) };
-        format!(
+        let mut line = format!(
             "memory plan {}: {what}; estimated peak {} private, {} RSS; budget {}",
             self.strategy.label(),
             mib(self.estimate.peak.private_dirty),
             mib(self.estimate.peak.rss),
             self.budget
-        )
+        );
+        if let Some(ws) = self.over_working_set() {
+            line.push_str(&format!(
+                "; warning: the estimated RSS exceeds the {} working set, so the mapped weights will be read from \
+                 storage again as they are used (slow); a smaller precision fits better (`brume convert --precision \
+                 int4-attn-fp16`, then `--precision-variant DIR`)",
+                mib(ws)
+            ));
+        }
+        line
     }
 }
 
 fn fits(e: &Estimate, budget: u64) -> bool {
     e.peak.private_dirty <= budget
+}
+
+fn within_working_set(e: &Estimate, budget: &Budget) -> bool {
+    budget.working_set().is_none_or(|ws| e.peak.rss <= ws)
+}
+
+/// `chosen` with sequential segments when that fits and lowers RSS: over the
+/// working set, holding one segment's mapped weights at a time pages less, and
+/// gives the same picture.
+fn least_paging(model: &ModelProfile, shape: &RequestShape, chosen: Plan) -> Plan {
+    let seq = Strategy { residency: Residency::Sequential, ..chosen.strategy };
+    let e = estimate(model, shape, &seq);
+    if seq != chosen.strategy && fits(&e, chosen.budget.bytes()) && e.peak.rss < chosen.estimate.peak.rss {
+        Plan { strategy: seq, estimate: e, ..chosen }
+    } else {
+        chosen
+    }
 }
 
 /// The fastest chunking whose estimate fits `budget`, else the smallest chunk;
@@ -180,7 +213,10 @@ pub fn rungs(model: &ModelProfile, shape: &RequestShape, budget: u64) -> Vec<Str
     out
 }
 
-/// Picks the least lossy plan for `shape` within `budget`, or refuses.
+/// Picks the least lossy plan for `shape` within `budget`, or refuses. Where the
+/// budget has a working set, the first pass also keeps RSS within it (so an
+/// installed lower-precision variant beats paging a larger model's weights);
+/// when no plan does, the first that fits in private memory runs, with a warning.
 pub fn plan(
     model: &ModelProfile,
     shape: &RequestShape,
@@ -199,15 +235,18 @@ pub fn plan(
     let models: Vec<(Option<(usize, String)>, &ModelProfile)> = std::iter::once((None, model))
         .chain(variants.iter().enumerate().map(|(i, v)| (Some((i, v.label.clone())), v.model)))
         .collect();
-    for (variant, m) in &models {
-        for (size, run_shape) in &sizes {
-            for s in rungs(m, run_shape, b) {
-                let e = estimate(m, run_shape, &s);
-                let candidate = Plan { strategy: s, size: *size, variant: variant.clone(), estimate: e.clone(), budget: budget.clone() };
-                if fits(&e, b) {
-                    return Ok(candidate);
+    let passes: &[bool] = if budget.working_set().is_some() { &[true, false] } else { &[false] };
+    for &keep_rss in passes {
+        for (variant, m) in &models {
+            for (size, run_shape) in &sizes {
+                for s in rungs(m, run_shape, b) {
+                    let e = estimate(m, run_shape, &s);
+                    let candidate = Plan { strategy: s, size: *size, variant: variant.clone(), estimate: e.clone(), budget: budget.clone() };
+                    if fits(&e, b) && (!keep_rss || within_working_set(&e, budget)) {
+                        return Ok(if keep_rss || budget.working_set().is_none() { candidate } else { least_paging(m, run_shape, candidate) });
+                    }
+                    consider(&e, candidate.fallbacks().join(", "));
                 }
-                consider(&e, candidate.fallbacks().join(", "));
             }
         }
     }

@@ -109,11 +109,15 @@ pub enum BudgetSource {
 
 /// The memory a generation may plan to use, in bytes of private (dirty) memory:
 /// the figure a phone's jetsam charges and `RLIMIT_DATA` bounds. Memory-mapped
-/// f32 weights are clean, evictable file pages and do not count against it.
+/// weights are clean, evictable file pages and do not count against it; but a
+/// device tier also has a working set (RSS, mapped pages included) past which
+/// those pages are evicted and read from storage again on every step, so the
+/// planner keeps RSS within it where it can.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Budget {
     bytes: u64,
     source: BudgetSource,
+    working_set: Option<u64>,
 }
 
 impl Budget {
@@ -126,24 +130,35 @@ impl Budget {
             )),
             (Some(name), None) => {
                 let t = tier(name)?;
-                Ok(Self { bytes: t.safe_budget, source: BudgetSource::Tier(t) })
+                Ok(Self { bytes: t.safe_budget, source: BudgetSource::Tier(t), working_set: Some(t.working_set) })
             }
             (None, Some(text)) => Ok(Self::explicit(parse_size(text)?, text)),
             (None, None) => Ok(match available() {
-                Some(a) => Self { bytes: a.bytes, source: BudgetSource::Available(a) },
-                None => Self { bytes: u64::MAX, source: BudgetSource::Unknown },
+                Some(a) => Self { bytes: a.bytes, source: BudgetSource::Available(a), working_set: None },
+                None => Self { bytes: u64::MAX, source: BudgetSource::Unknown, working_set: None },
             }),
         }
     }
 
     /// A budget of `bytes`, labelled as the user wrote it.
     pub fn explicit(bytes: u64, label: &str) -> Self {
-        Self { bytes, source: BudgetSource::Explicit(label.trim().to_string()) }
+        Self { bytes, source: BudgetSource::Explicit(label.trim().to_string()), working_set: None }
     }
 
     /// The same source with fewer bytes (a budget that shrank mid-run).
     pub fn with_bytes(&self, bytes: u64) -> Self {
-        Self { bytes, source: self.source.clone() }
+        Self { bytes, ..self.clone() }
+    }
+
+    /// The same budget with a working-set ceiling of `bytes` of RSS.
+    pub fn with_working_set(self, bytes: u64) -> Self {
+        Self { working_set: Some(bytes), ..self }
+    }
+
+    /// The RSS past which mapped weights would be paged from storage during the
+    /// run: a device tier's published working set; `None` when not known.
+    pub fn working_set(&self) -> Option<u64> {
+        self.working_set
     }
 
     pub fn bytes(&self) -> u64 {
@@ -162,7 +177,7 @@ impl Budget {
             BudgetSource::Available(_) => match available() {
                 Some(a) => {
                     let own = crate::runtime::memory::read().private_dirty.unwrap_or(0);
-                    Self { bytes: a.bytes + own, source: BudgetSource::Available(a) }
+                    Self { bytes: a.bytes + own, source: BudgetSource::Available(a), working_set: self.working_set }
                 }
                 None => self.clone(),
             },
