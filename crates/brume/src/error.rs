@@ -110,7 +110,7 @@ pub enum RunError {
     Cancelled,
     /// The request cannot run within the memory budget, found before the
     /// allocation that would have got the process killed.
-    #[error("out of memory budget {when}: the budget is {budget} but the smallest plan ({plan}) needs {need} of private memory")]
+    #[error("out of memory budget {when}: the budget is {budget} but the smallest plan ({plan}) needs {need} of private memory (its estimate plus headroom)")]
     OverBudget {
         /// What was about to run (e.g. "before planning", "before unet", "before step 7").
         when: String,

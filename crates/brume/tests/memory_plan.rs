@@ -7,9 +7,9 @@ use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::rc::Rc;
 
-use brume::memory::planner::{fixed, plan, rungs, ResolutionFallback};
+use brume::memory::planner::{fixed, plan, rungs, with_headroom as room, ResolutionFallback};
 use brume::memory::{
-    estimate, AttentionMode, Guard, Kernels, ModelProfile, PrecisionVariant, ReducedOutput, RequestShape, Residency, RunSize, Strategy,
+    estimate, AttentionMode, Branches, Guard, Kernels, ModelProfile, PrecisionVariant, ReducedOutput, RequestShape, Residency, RunSize, Strategy,
     TileSpec, VaeDecode,
 };
 use brume::pipelines::{txt2img, Flow, GenerationRequest, Generated, OpenOptions, RunOptions, SdModel};
@@ -49,7 +49,9 @@ fn shape(size: usize) -> RequestShape {
     RequestShape { batch: 1, guided: true, width: size, height: size, encodes_image: false }
 }
 
-const SEQ: Strategy = Strategy { residency: Residency::Sequential, attention: AttentionMode::Full, vae: VaeDecode::Full };
+const SEQ: Strategy =
+    Strategy { residency: Residency::Sequential, branches: Branches::Batched, attention: AttentionMode::Full, vae: VaeDecode::Full };
+const SPLIT: Strategy = Strategy { branches: Branches::OneAtATime, ..SEQ };
 
 #[test]
 fn resident_sequential_and_chunked_give_the_same_picture() {
@@ -70,6 +72,43 @@ fn resident_sequential_and_chunked_give_the_same_picture() {
     // A chunk at least the query count is the full path, bit for bit.
     let big = Strategy { attention: AttentionMode::Chunked(NonZeroUsize::new(1 << 20).unwrap()), ..SEQ };
     assert_eq!(max_diff(&plain.image, &run(&m, &req, &with(big)).unwrap().image), 0.0);
+}
+
+#[test]
+fn guidance_branches_one_at_a_time_give_the_same_picture_for_less() {
+    let m = model();
+    let req = request(128);
+    let plain = run(&m, &req, &with(SEQ)).unwrap();
+    let split = run(&m, &req, &with(SPLIT)).unwrap();
+    // Each image's arithmetic does not depend on the batch it is in.
+    let d = max_diff(&plain.latents, &split.latents);
+    assert!(d <= 1e-5, "split guidance: latents differ by {d}");
+    assert_eq!(max_diff(&plain.image, &split.image), 0.0, "split guidance changed the picture");
+    // Without the conditioning cache too, and the batch of two images.
+    let opts = RunOptions { reuse_kv: false, ..with(SPLIT) };
+    let uncached = run(&m, &req, &opts).unwrap();
+    assert!(max_diff(&plain.latents, &uncached.latents) <= 1e-5);
+    let two = GenerationRequest { batch: 2, ..request(64) };
+    let (a, b) = (run(&m, &two, &with(SEQ)).unwrap(), run(&m, &two, &with(SPLIT)).unwrap());
+    assert!(max_diff(&a.latents, &b.latents) <= 1e-5);
+    // The estimator halves the UNet batch; unguided requests gain nothing.
+    let p = ModelProfile::of(&m, DType::F32);
+    let s = shape(512);
+    let (seq_unet, split_unet) = (estimate(&p, &s, &SEQ).unet.private_dirty, estimate(&p, &s, &SPLIT).unet.private_dirty);
+    assert!(split_unet < seq_unet, "{split_unet} vs {seq_unet}");
+    let unguided = RequestShape { guided: false, ..s };
+    assert_eq!(estimate(&p, &unguided, &SEQ), estimate(&p, &unguided, &SPLIT));
+    // The planner splits when the UNet phase is what does not fit...
+    let budget = Budget::explicit((room(split_unet) + room(seq_unet)) / 2, "between");
+    let chosen = plan(&p, &s, &budget, ResolutionFallback::Off, &[]).unwrap();
+    assert_eq!(chosen.strategy.branches, Branches::OneAtATime, "{}", chosen.summary());
+    assert!(chosen.summary().contains("guidance branches one at a time"), "{}", chosen.summary());
+    // ...and not when the batched UNet fits and only decoding needs tiles.
+    let seq = estimate(&p, &s, &SEQ);
+    assert!(seq.decode.private_dirty > seq.unet.private_dirty, "at 512 px the full decode is the peak");
+    let chosen = plan(&p, &s, &Budget::explicit(room(seq_unet), "decode-bound"), ResolutionFallback::Off, &[]).unwrap();
+    assert!(matches!(chosen.strategy.vae, VaeDecode::Tiled(_)), "{}", chosen.summary());
+    assert_eq!(chosen.strategy.branches, Branches::Batched, "{}", chosen.summary());
 }
 
 #[test]
@@ -109,23 +148,23 @@ fn planner_takes_the_least_lossy_rung_that_fits() {
     let seq = need(SEQ);
     assert!(seq <= plain);
     let none: [PrecisionVariant; 0] = [];
-    let roomy = plan(&p, &s, &Budget::explicit(plain + 1, "roomy"), ResolutionFallback::Off, &none).unwrap();
+    let roomy = plan(&p, &s, &Budget::explicit(room(plain), "roomy"), ResolutionFallback::Off, &none).unwrap();
     assert_eq!(roomy.strategy, Strategy::PLAIN);
     assert!(roomy.fallbacks().is_empty() && roomy.summary().contains("no fallback"));
     // Just below the plain need: something cheaper, and it says which.
-    let tight = plan(&p, &s, &Budget::explicit(plain - 1, "tight"), ResolutionFallback::Off, &none).unwrap();
+    let tight = plan(&p, &s, &Budget::explicit(room(plain) - 1, "tight"), ResolutionFallback::Off, &none).unwrap();
     assert_ne!(tight.strategy, Strategy::PLAIN);
     assert!(tight.estimate.peak.private_dirty < plain);
     assert!(!tight.fallbacks().is_empty());
-    // Much tighter: chunked attention and tiles, still at 512.
-    let chunk = Strategy { attention: AttentionMode::Chunked(NonZeroUsize::new(64).unwrap()), ..SEQ };
+    // Much tighter: guidance branches one at a time, chunked attention and tiles, still at 512.
+    let chunk = Strategy { attention: AttentionMode::Chunked(NonZeroUsize::new(64).unwrap()), ..SPLIT };
     let tiles = Strategy { vae: VaeDecode::Tiled(TileSpec::new(16, 4).unwrap()), ..chunk };
     let floor = need(tiles);
-    let small = plan(&p, &s, &Budget::explicit(floor + (1 << 20), "small"), ResolutionFallback::Off, &none).unwrap();
+    let small = plan(&p, &s, &Budget::explicit(room(floor) + (1 << 20), "small"), ResolutionFallback::Off, &none).unwrap();
     assert_eq!(small.size, RunSize::Requested);
     assert!(matches!(small.strategy.attention, AttentionMode::Chunked(_)), "{}", small.summary());
     // Below that: a lower resolution, reported as asked.
-    let lower = plan(&p, &s, &Budget::explicit(floor - (1 << 20), "lower"), ResolutionFallback::Report, &none).unwrap();
+    let lower = plan(&p, &s, &Budget::explicit(room(floor) - (1 << 20), "lower"), ResolutionFallback::Report, &none).unwrap();
     assert!(matches!(lower.size, RunSize::Reduced { width: 448, height: 448, output: ReducedOutput::ReportedSmaller } | RunSize::Reduced { width: 384, height: 384, .. }), "{:?}", lower.size);
     assert!(lower.summary().contains("lower resolution"), "{}", lower.summary());
     // And nothing at all: a refusal naming the budget and the smallest need.
@@ -134,7 +173,7 @@ fn planner_takes_the_least_lossy_rung_that_fits() {
     assert!(matches!(e, RunError::OverBudget { .. }), "{msg}");
     assert!(msg.contains("1.0 MiB") && msg.contains("--memory-budget 1MiB") && msg.contains("needs"), "{msg}");
     // A fixed plan that does not fit is refused too.
-    assert!(fixed(&p, &s, &Budget::explicit(plain - 1, "x"), Strategy::PLAIN).is_err());
+    assert!(fixed(&p, &s, &Budget::explicit(room(plain) - 1, "x"), Strategy::PLAIN).is_err());
 }
 
 #[test]
@@ -148,12 +187,12 @@ fn planner_uses_an_installed_lower_precision_variant_last() {
     let tiles = Strategy {
         attention: AttentionMode::Chunked(NonZeroUsize::new(64).unwrap()),
         vae: VaeDecode::Tiled(TileSpec::new(16, 4).unwrap()),
-        ..SEQ
+        ..SPLIT
     };
     let floor = estimate(&p, &s, &tiles).peak.private_dirty;
     let variant_floor = estimate(&small, &s, &tiles).peak.private_dirty;
     assert!(variant_floor < floor);
-    let budget = Budget::explicit((floor + variant_floor) / 2, "between");
+    let budget = Budget::explicit((room(floor) + room(variant_floor)) / 2, "between");
     let variants = [PrecisionVariant { label: "f16".into(), model: &small }];
     let chosen = plan(&p, &s, &budget, ResolutionFallback::Off, &variants).unwrap();
     assert_eq!(chosen.variant.as_ref().map(|(i, l)| (*i, l.as_str())), Some((0, "f16")));
@@ -209,27 +248,40 @@ fn a_budget_that_shrinks_mid_run_falls_back_then_refuses_cleanly() {
     // take; the run itself may use the fused kernel (same picture either way).
     let p = ModelProfile::of(&m, DType::F32).with_kernels(Kernels::REFERENCE);
     let s = shape(256);
-    let plain_need = estimate(&p, &s, &SEQ).unet.private_dirty;
-    let chunked = Strategy { attention: AttentionMode::Chunked(NonZeroUsize::new(64).unwrap()), ..SEQ };
-    // Everything from the UNet on (decoding included) fits once attention is chunked.
-    let chunked_need = estimate(&p, &s, &chunked).peak.private_dirty;
-    assert!(chunked_need < plain_need, "{chunked_need} vs {plain_need}");
-    let reference = run(&m, &req, &with(SEQ)).unwrap();
+    // Decoding tiled from the start, so that the UNet is what a shrinking budget squeezes.
+    let start = Strategy { vae: VaeDecode::Tiled(TileSpec::new(16, 4).unwrap()), ..SEQ };
+    // What the steps still ahead need under a strategy (the UNet and decoding).
+    let ahead = |st: &Strategy| {
+        let e = estimate(&p, &s, st);
+        e.unet.private_dirty.max(e.decode.private_dirty)
+    };
+    let plain_need = ahead(&start);
+    let split = Strategy { branches: Branches::OneAtATime, ..start };
+    let split_need = ahead(&split);
+    let chunked = Strategy { attention: AttentionMode::Chunked(NonZeroUsize::new(64).unwrap()), ..split };
+    let chunked_need = ahead(&chunked);
+    assert!(chunked_need < split_need && split_need < plain_need, "{chunked_need} < {split_need} < {plain_need}");
+    let reference = run(&m, &req, &with(start)).unwrap();
 
-    // The budget drops below the plain need after the text encoder ran.
-    let calls = Rc::new(Cell::new(0usize));
-    let c = calls.clone();
-    let shrink = (plain_need + chunked_need) / 2;
-    let probe = Box::new(move || {
-        c.set(c.get() + 1);
-        Budget::explicit(if c.get() > 1 { shrink } else { plain_need * 2 }, "shrinking")
-    });
-    let guard = Rc::new(Guard::new(p.clone(), s, SEQ, probe));
-    let opts = RunOptions { strategy: SEQ, guard: Some(guard.clone()), ..RunOptions::default() };
-    let out = run(&m, &req, &opts).unwrap();
-    assert!(matches!(guard.strategy().attention, AttentionMode::Chunked(_)), "{:?}", guard.strategy());
-    assert!(guard.notes().iter().any(|n| n.contains("chunked attention")), "{:?}", guard.notes());
-    assert!(max_diff(&out.image, &reference.image) <= 1e-4, "the fallback changed the picture");
+    // The budget drops after the text encoder ran: first below the plain need
+    // (the same picture with guidance branches one at a time), then also below
+    // that (attention chunked as well).
+    for (shrink, chunks) in [((room(plain_need) + room(split_need)) / 2, false), ((room(split_need) + room(chunked_need)) / 2, true)] {
+        let calls = Rc::new(Cell::new(0usize));
+        let c = calls.clone();
+        let probe = Box::new(move || {
+            c.set(c.get() + 1);
+            Budget::explicit(if c.get() > 1 { shrink } else { plain_need * 2 }, "shrinking")
+        });
+        let guard = Rc::new(Guard::new(p.clone(), s, start, probe));
+        let opts = RunOptions { strategy: start, guard: Some(guard.clone()), ..RunOptions::default() };
+        let out = run(&m, &req, &opts).unwrap();
+        assert_eq!(guard.strategy().branches, Branches::OneAtATime, "{:?}", guard.strategy());
+        assert!(guard.notes().iter().any(|n| n.contains("guidance branches one at a time")), "{:?}", guard.notes());
+        assert_eq!(matches!(guard.strategy().attention, AttentionMode::Chunked(_)), chunks, "{:?}", guard.strategy());
+        assert_eq!(guard.notes().iter().any(|n| n.contains("chunked attention")), chunks, "{:?}", guard.notes());
+        assert!(max_diff(&out.image, &reference.image) <= 1e-4, "the fallback changed the picture");
+    }
 
     // Shrinking to almost nothing before step 2: a clean refusal naming the step.
     let c = Rc::new(Cell::new(0usize));

@@ -32,10 +32,10 @@ pub struct MemArgs {
     /// Square image sizes in pixels.
     #[arg(long, value_delimiter = ',', default_value = "256,512")]
     sizes: Vec<usize>,
-    /// Memory plans: auto (the planner's choice) and fixed ones (resident, sequential, chunked, tiled).
+    /// Memory plans: auto (the planner's choice) and fixed ones (resident, sequential, split, chunked, tiled).
     #[arg(long, value_delimiter = ',', default_value = "auto,resident,sequential,chunked,tiled")]
     plans: Vec<String>,
-    /// Device tiers whose safe budget each row runs under.
+    /// Device tiers whose safe budget each row runs under (`--tiers ''`: none, only `--budgets`).
     #[arg(long, value_delimiter = ',', default_value = "a16,a17-pro,desktop-8gb")]
     tiers: Vec<String>,
     /// Also explicit budgets (e.g. 1.5GB), as extra columns of the grid.
@@ -64,7 +64,8 @@ struct Row {
     plan_name: String,
 }
 
-pub fn run(a: MemArgs) -> anyhow::Result<()> {
+pub fn run(mut a: MemArgs) -> anyhow::Result<()> {
+    a.tiers.retain(|t| !t.trim().is_empty());
     if a.sizes.is_empty() || a.plans.is_empty() || (a.tiers.is_empty() && a.budgets.is_empty()) {
         bail!("give at least one size, plan and tier or budget");
     }

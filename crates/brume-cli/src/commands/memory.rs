@@ -6,7 +6,7 @@ use std::rc::Rc;
 
 use anyhow::{bail, Context};
 use brume::memory::planner::{self, fixed, ResolutionFallback};
-use brume::memory::{Guard, ModelProfile, Plan, PrecisionVariant, RequestShape, Residency, Strategy, VaeDecode};
+use brume::memory::{Branches, Guard, ModelProfile, Plan, PrecisionVariant, RequestShape, Residency, Strategy, VaeDecode};
 use brume::pipelines::{GenerationRequest, OpenOptions, RunOptions, SdModel};
 use brume::runtime::budget::Budget;
 use candle_core::DType;
@@ -23,7 +23,8 @@ pub struct MemoryArgs {
     #[arg(long, value_name = "SIZE")]
     pub memory_budget: Option<String>,
     /// auto (the least lossy plan that fits), or a fixed one: resident,
-    /// sequential, chunked (sequential + chunked attention; the same as sequential
+    /// sequential, split (sequential + guidance branches through the UNet one at
+    /// a time: half its activations, the same picture), chunked (sequential + chunked attention; the same as sequential
     /// where the fused attention kernel runs, which forms no score matrix), tiled
     /// (+ tiled VAE decoding).
     #[arg(long, default_value = "auto", value_name = "PLAN")]
@@ -137,6 +138,7 @@ pub fn fixed_strategy(name: &str, profile: &ModelProfile, shape: &RequestShape, 
     Ok(match name {
         "resident" => Strategy::PLAIN,
         "sequential" => seq,
+        "split" => Strategy { branches: Branches::OneAtATime, ..seq },
         "chunked" | "tiled" => {
             let mut s = seq;
             s.attention = planner::cheapest_attention(profile, shape, &s, budget).unwrap_or(s.attention);
@@ -147,7 +149,7 @@ pub fn fixed_strategy(name: &str, profile: &ModelProfile, shape: &RequestShape, 
             }
             s
         }
-        other => bail!("--memory-plan `{other}`: expected auto, resident, sequential, chunked or tiled"),
+        other => bail!("--memory-plan `{other}`: expected auto, resident, sequential, split, chunked or tiled"),
     })
 }
 

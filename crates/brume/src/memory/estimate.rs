@@ -10,7 +10,7 @@
 use candle_core::DType;
 
 use super::sim::{self, Kernels};
-use super::strategy::{Residency, Strategy, VaeDecode};
+use super::strategy::{Branches, Residency, Strategy, VaeDecode};
 use crate::loading::Segment;
 use crate::models::{ClipTextConfig, UNetConfig};
 use crate::pipelines::{SdModel, VaeConfig};
@@ -191,7 +191,13 @@ pub fn estimate(model: &ModelProfile, req: &RequestShape, strategy: &Strategy) -
     let dec_scratch = scratch(&[Segment::TextEncoder, encoder, Segment::Unet, Segment::VaeDecoder]);
 
     let text_act = sim::text_encoder(&model.text, req.batch, TOKENS, s, model.kernels);
-    let unet_act = sim::unet(&model.unet, branches * req.batch, lh, lw, s, TOKENS, strategy.attention, model.kernels);
+    // One branch at a time: half the UNet batch, plus the first branch's output
+    // held while the second runs.
+    let (unet_batch, held) = match strategy.branches {
+        Branches::OneAtATime if req.guided => (req.batch, latents),
+        _ => (branches * req.batch, 0),
+    };
+    let unet_act = sim::unet(&model.unet, unet_batch, lh, lw, s, TOKENS, strategy.attention, model.kernels) + held;
     let image = (req.batch * 3 * req.height * req.width * 4) as u64;
     let dec_act = match (&model.vae, strategy.vae) {
         (VaeConfig::Kl(c), VaeDecode::Full) => sim::vae_decoder(c, req.batch, lh, lw, s, model.kernels),

@@ -9,8 +9,8 @@
 use std::cell::{Cell, RefCell};
 
 use super::estimate::{estimate, Estimate, ModelProfile, RequestShape};
-use super::planner::{cheapest_attention, cheapest_tiles};
-use super::strategy::{Strategy, VaeDecode};
+use super::planner::{cheapest_attention, cheapest_tiles, with_headroom, within};
+use super::strategy::{Branches, Strategy, VaeDecode};
 use crate::error::RunError;
 use crate::loading::Segment;
 use crate::runtime::budget::Budget;
@@ -84,12 +84,20 @@ impl Guard {
     pub fn check(&self, at: Checkpoint) -> Result<Strategy, RunError> {
         let budget = (self.probe)();
         let mut s = self.strategy.get();
-        if self.need(&s, at) <= budget.bytes() {
+        if within(self.need(&s, at), budget.bytes()) {
             return Ok(s);
         }
         // Chunked attention matters while the UNet is still to run.
         let unet_ahead = !matches!(at, Checkpoint::BeforeSegment(Segment::VaeDecoder));
-        if unet_ahead {
+        // Guidance branches one at a time: the same picture, half the UNet's activations.
+        if unet_ahead && self.shape.guided && s.branches == Branches::Batched {
+            let split = Strategy { branches: Branches::OneAtATime, ..s };
+            if !within(estimate(&self.model, &self.shape, &s).unet.private_dirty, budget.bytes()) {
+                s = split;
+                self.note(format!("{at}: budget now {budget}; falling back to guidance branches one at a time"));
+            }
+        }
+        if unet_ahead && !within(self.need(&s, at), budget.bytes()) {
             if let Some(mode) = cheapest_attention(&self.model, &self.shape, &s, budget.bytes()) {
                 if mode != s.attention {
                     s.attention = mode;
@@ -97,7 +105,7 @@ impl Guard {
                 }
             }
         }
-        if self.need(&s, at) > budget.bytes() {
+        if !within(self.need(&s, at), budget.bytes()) {
             if let Some(tiles) = cheapest_tiles(&self.model, &self.shape, &s, budget.bytes()) {
                 if VaeDecode::Tiled(tiles) != s.vae {
                     s.vae = VaeDecode::Tiled(tiles);
@@ -107,11 +115,11 @@ impl Guard {
         }
         let need = self.need(&s, at);
         self.strategy.set(s);
-        if need > budget.bytes() {
+        if !within(need, budget.bytes()) {
             return Err(RunError::OverBudget {
                 when: at.to_string(),
                 budget: budget.to_string(),
-                need: mib(need),
+                need: mib(with_headroom(need)),
                 plan: s.label(),
             });
         }

@@ -12,7 +12,7 @@ pub mod strategy;
 
 pub use estimate::{estimate, segment_weights, Estimate, Footprint, ModelProfile, RequestShape, SegmentWeights};
 pub use sim::Kernels;
-pub use strategy::{AttentionMode, Residency, Strategy, TileSpec, VaeDecode};
+pub use strategy::{AttentionMode, Branches, Residency, Strategy, TileSpec, VaeDecode};
 pub mod guard;
 pub mod planner;
 

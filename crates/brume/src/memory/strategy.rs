@@ -51,10 +51,23 @@ impl TileSpec {
     }
 }
 
+/// How classifier-free guidance's two branches (unconditional and prompted) go
+/// through the UNet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Branches {
+    /// As one batch of twice the images: the fastest.
+    Batched,
+    /// One branch after the other: the UNet's activations halve, the picture is
+    /// the same (each image's arithmetic does not depend on its batch), a step
+    /// is a little slower.
+    OneAtATime,
+}
+
 /// Everything the estimator needs to know about how a request will run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Strategy {
     pub residency: Residency,
+    pub branches: Branches,
     pub attention: AttentionMode,
     pub vae: VaeDecode,
 }
@@ -63,16 +76,20 @@ impl Strategy {
     /// The plain path: nothing traded away.
     pub const PLAIN: Strategy = Strategy {
         residency: Residency::AllResident,
+        branches: Branches::Batched,
         attention: AttentionMode::Full,
         vae: VaeDecode::Full,
     };
 
-    /// A short name for tables and recipes, e.g. `sequential+chunk256+tile32`.
+    /// A short name for tables and recipes, e.g. `sequential+split+chunk256+tile32`.
     pub fn label(&self) -> String {
         let mut s = match self.residency {
             Residency::AllResident => "resident".to_string(),
             Residency::Sequential => "sequential".to_string(),
         };
+        if self.branches == Branches::OneAtATime {
+            s.push_str("+split");
+        }
         if let AttentionMode::Chunked(c) = self.attention {
             s.push_str(&format!("+chunk{c}"));
         }

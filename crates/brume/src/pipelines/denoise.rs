@@ -10,8 +10,8 @@ use super::request::{Flow, Progress, ProgressFn};
 use crate::error::{Result, RunError};
 use std::rc::Rc;
 
-use crate::memory::{Checkpoint, Guard, Residency, Strategy};
-use crate::models::attention::CrossContext;
+use crate::memory::{Branches, Checkpoint, Guard, Residency, Strategy};
+use crate::models::attention::{CrossContext, KvCache};
 use crate::models::UNet2DConditionModel;
 use crate::samplers::{NoiseSource, Sampler};
 
@@ -127,16 +127,35 @@ pub fn denoise(
         Some(Inpainting::Concat { mask, masked_image_latents }) => (Some(double(mask)?), Some(double(masked_image_latents)?)),
         _ => (None, None),
     };
+    // Guidance branches one at a time: each half of the conditioning with its own
+    // K/V cache (the conditioning's cache holds both halves' projections as one).
+    let halves = if cond.guided {
+        Some([cond.context.narrow(0, 0, batch)?, cond.context.narrow(0, batch, batch)?])
+    } else {
+        None
+    };
+    let half_kv = [KvCache::new(), KvCache::new()];
     for (i, &t) in timesteps.iter().enumerate().skip(start) {
-        ctx.attention = opts.check(Checkpoint::BeforeStep(i + 1 - start))?.attention;
+        let now = opts.check(Checkpoint::BeforeStep(i + 1 - start))?;
+        ctx.attention = now.attention;
         let scaled = sampler.scale_model_input(&latents, i)?;
         let mut input = double(&scaled)?;
         if let (Some(m), Some(mi)) = (&concat_mask, &concat_masked) {
             input = Tensor::cat(&[&input, m, mi], 1)?;
         }
-        let out = unet
-            .forward_with(&input.to_dtype(dtype)?, &[t as f32], &ctx, timestep_cond.as_ref())?
-            .to_dtype(DType::F32)?;
+        let input = input.to_dtype(dtype)?;
+        let out = match &halves {
+            Some(halves) if now.branches == Branches::OneAtATime => {
+                let mut outs = Vec::with_capacity(2);
+                for (b, (hidden, kv)) in halves.iter().zip(&half_kv).enumerate() {
+                    let half = CrossContext { hidden, cache: opts.reuse_kv.then_some(kv), attention: ctx.attention };
+                    let x = input.narrow(0, b * batch, batch)?;
+                    outs.push(unet.forward_with(&x, &[t as f32], &half, timestep_cond.as_ref())?.to_dtype(DType::F32)?);
+                }
+                Tensor::cat(&outs, 0)?
+            }
+            _ => unet.forward_with(&input, &[t as f32], &ctx, timestep_cond.as_ref())?.to_dtype(DType::F32)?,
+        };
         let noise_pred = if cond.guided {
             let uncond = out.narrow(0, 0, batch)?;
             let text = out.narrow(0, batch, batch)?;
