@@ -12,7 +12,7 @@ pub enum Param {
     /// f32 in the file, read in place.
     Mapped(MappedF32),
     /// Compressed (int8, palettized, ternary) or half precision in the file,
-    /// expanded one layer at a time at forward time. Boxed: it is the largest
+    /// expanded a block of output channels at a time at forward time. Boxed: it is the largest
     /// variant, and models hold hundreds of these inline.
     Packed(Box<PackedWeight>),
 }
