@@ -176,12 +176,20 @@ pub fn progress_reporter(
             Progress::Loaded(seg) => {
                 let m = brume::runtime::memory::read();
                 tracing::info!(
-                    "loaded {seg}; private dirty {}, RSS {}",
+                    "loaded {seg}; private dirty {}, RSS {}; {}",
                     m.private_dirty.map(brume::runtime::memory::mib).unwrap_or_default(),
-                    m.rss.map(brume::runtime::memory::mib).unwrap_or_default()
+                    m.rss.map(brume::runtime::memory::mib).unwrap_or_default(),
+                    heap_since_last()
                 );
                 last = Instant::now();
             }
+            Progress::Step { index, .. } => {
+                // Per-phase heap peaks, to check the estimator phase by phase.
+                tracing::info!("step {index}; {}", heap_since_last());
+            }
+        }
+        match p {
+            Progress::Loaded(_) => {}
             Progress::Step { index, total, latents } => {
                 step_times.push(last.elapsed().as_secs_f64());
                 last = Instant::now();
@@ -237,4 +245,16 @@ pub fn finish(result: brume::error::Result<brume::pipelines::Generated>) -> anyh
         Err(brume::RunError::Cancelled) => bail!("cancelled; nothing was written"),
         other => Ok(other?),
     }
+}
+
+/// The heap's live bytes and its peak since the last call (which starts a new
+/// peak), when the counting allocator is installed.
+fn heap_since_last() -> String {
+    use brume::runtime::memory::{heap, mib, reset_heap_peak};
+    let text = match heap() {
+        Some((live, peak)) => format!("heap {} live, peak {} since the last event", mib(live), mib(peak)),
+        None => "heap not counted".to_string(),
+    };
+    reset_heap_peak();
+    text
 }

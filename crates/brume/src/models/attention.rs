@@ -195,11 +195,16 @@ impl FeedForward {
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let h = self.proj.forward(x)?;
-        let last = h.rank() - 1;
-        let a = h.narrow(last, 0, self.inner)?;
-        let gate = h.narrow(last, self.inner, self.inner)?;
-        self.out.forward(&(a * gate.gelu_erf()?)?)
+        // The projection (8 maps wide) and the GELU are freed before the output
+        // projection runs.
+        let p = {
+            let h = self.proj.forward(x)?;
+            let last = h.rank() - 1;
+            let a = h.narrow(last, 0, self.inner)?;
+            let gate = h.narrow(last, self.inner, self.inner)?;
+            (a * gate.gelu_erf()?)?
+        };
+        self.out.forward(&p)
     }
 }
 
@@ -236,16 +241,25 @@ impl BasicTransformerBlock {
         })
     }
 
+    /// Each intermediate is dropped as soon as the next exists (a shadowed
+    /// binding would live to the end of the function): at 64x64 with guidance
+    /// that is four token maps, ~42 MiB, off the UNet's peak, and it is what
+    /// `memory::sim::transformer` assumes.
     fn forward(&self, x: &Tensor, ctx: &CrossContext) -> Result<Tensor> {
-        let h = self.norm1.forward(x)?;
-        let a1 = if self.only_cross_attention {
-            self.attn1.forward_cross(&h, ctx)?
-        } else {
-            self.attn1.forward_with(&h, None, ctx.attention)?
+        let a1 = {
+            let h = self.norm1.forward(x)?;
+            if self.only_cross_attention {
+                self.attn1.forward_cross(&h, ctx)?
+            } else {
+                self.attn1.forward_with(&h, None, ctx.attention)?
+            }
         };
-        let x = (a1 + x)?;
-        let x = (self.attn2.forward_cross(&self.norm2.forward(&x)?, ctx)? + &x)?;
-        self.ff.forward(&self.norm3.forward(&x)?)? + x
+        let x = {
+            let x1 = (a1 + x)?;
+            (self.attn2.forward_cross(&self.norm2.forward(&x1)?, ctx)? + &x1)?
+        };
+        let y = self.ff.forward(&self.norm3.forward(&x)?)?;
+        y + x
     }
 }
 

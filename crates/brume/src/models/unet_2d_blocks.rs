@@ -161,6 +161,9 @@ impl UpBlock {
                 candle_core::bail!("UNet up block ran out of skip connections");
             };
             h = Tensor::cat(&[&h, &skip], 1)?;
+            // The concatenation holds a copy: the skip need not live through the
+            // resnet and the attention (at 64x64 that is a 320-channel map).
+            drop(skip);
             h = resnet.forward(&h, temb)?;
             if let Some(attn) = self.attentions.get(i) {
                 h = attn.forward(&h, require_context(context)?)?;
