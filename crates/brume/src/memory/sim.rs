@@ -139,12 +139,11 @@ fn resnet(sim: &mut Sim, m: Map, cin: usize, cout: usize, temb: bool) {
     sim.alloc(o); // h1
     let mut held = o;
     if temb {
-        sim.alloc(o); // h1 + temb (the shadowed h1 stays alive)
-        held += o;
+        sim.spike(o); // h1 + temb, which replaces h1
     }
     sim.spike(sim.norm(o));
     sim.spike(sim.norm_act(o) + o + sim.conv3(cout as u64, m));
-    sim.alloc(o); // h2
+    sim.alloc(o); // h2 (the shadowed h stays alive to the end of the call)
     held += o;
     if cin != cout {
         sim.alloc(o); // shortcut

@@ -146,16 +146,19 @@ impl Attention {
             (Some(cache), Some(slot)) => cache.get_or_compute(slot, project)?,
             _ => project()?,
         };
-        self.attend(x, &k, &v, ctx.attention)
+        let o = self.attend(x, &k, &v, ctx.attention)?;
+        self.to_out.forward(&o)
     }
 
+    /// The heads' outputs merged back to [batch, n, inner], before `to_out`. The
+    /// queries and the per-head output are dropped on return, so they do not
+    /// live through the output projection.
     fn attend(&self, x: &Tensor, k: &Tensor, v: &Tensor, mode: AttentionMode) -> Result<Tensor> {
         let (b, n, _) = x.dims3()?;
         let q = self.split_heads(&self.to_q.forward(x)?)?;
         let scale = (self.dim_head as f64).powf(-0.5);
         let o = attention_with(&q, k, v, scale, AttentionMask::None, mode)?;
-        let o = o.transpose(1, 2)?.reshape((b, n, self.heads * self.dim_head))?;
-        self.to_out.forward(&o)
+        o.transpose(1, 2)?.reshape((b, n, self.heads * self.dim_head))
     }
 
     fn split_heads(&self, t: &Tensor) -> Result<Tensor> {
@@ -171,9 +174,13 @@ impl Attention {
     /// [`Attention::forward`] with the scores formed as `mode` says.
     pub fn forward_with(&self, x: &Tensor, context: Option<&Tensor>, mode: AttentionMode) -> Result<Tensor> {
         let ctx = context.unwrap_or(x);
-        let k = self.split_heads(&self.to_k.forward(ctx)?)?;
-        let v = self.split_heads(&self.to_v.forward(ctx)?)?;
-        self.attend(x, &k, &v, mode)
+        // Keys and values are dropped before the output projection runs.
+        let o = {
+            let k = self.split_heads(&self.to_k.forward(ctx)?)?;
+            let v = self.split_heads(&self.to_v.forward(ctx)?)?;
+            self.attend(x, &k, &v, mode)?
+        };
+        self.to_out.forward(&o)
     }
 }
 

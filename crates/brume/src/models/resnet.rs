@@ -54,14 +54,18 @@ impl ResnetBlock2D {
         })
     }
 
+    /// Each intermediate map is dropped once the next exists (shadowed bindings
+    /// would all live to the end), as `memory::sim::resnet` assumes.
     pub fn forward(&self, x: &Tensor, temb: Option<&Tensor>) -> Result<Tensor> {
-        let h = self.conv1.forward(&self.norm1.forward_then(x, self.act)?)?;
-        let h = match (&self.time_emb_proj, temb) {
-            (Some(proj), Some(t)) => {
-                let t = proj.forward(&self.act.forward(t)?)?;
-                h.broadcast_add(&t.unsqueeze(2)?.unsqueeze(3)?)?
+        let h = {
+            let h1 = self.conv1.forward(&self.norm1.forward_then(x, self.act)?)?;
+            match (&self.time_emb_proj, temb) {
+                (Some(proj), Some(t)) => {
+                    let t = proj.forward(&self.act.forward(t)?)?;
+                    h1.broadcast_add(&t.unsqueeze(2)?.unsqueeze(3)?)?
+                }
+                _ => h1,
             }
-            _ => h,
         };
         let h = self.conv2.forward(&self.norm2.forward_then(&h, self.act)?)?;
         let skip = match &self.conv_shortcut {
