@@ -146,16 +146,18 @@ impl UpBlock {
         self.resnets.len()
     }
 
-    /// `skips` are consumed from the end, one per layer.
+    /// `skips` are consumed from the end, one per layer. `x` is taken by value
+    /// so that it is freed once concatenated with the first skip, not held
+    /// through the whole block (at 64x64 a 640-channel map).
     pub fn forward(
         &self,
-        x: &Tensor,
+        x: Tensor,
         skips: &mut Vec<Tensor>,
         temb: Option<&Tensor>,
         context: Option<&CrossContext>,
         upsample_size: Option<(usize, usize)>,
     ) -> Result<Tensor> {
-        let mut h = x.clone();
+        let mut h = x;
         for (i, resnet) in self.resnets.iter().enumerate() {
             let Some(skip) = skips.pop() else {
                 candle_core::bail!("UNet up block ran out of skip connections");

@@ -460,7 +460,7 @@ impl UNet2DConditionModel {
             } else {
                 None
             };
-            h = block.forward(&h, &mut skips, Some(&emb), Some(&context), upsample_size)?;
+            h = block.forward(h, &mut skips, Some(&emb), Some(&context), upsample_size)?;
         }
         let h = self.conv_norm_out.forward_then(&h, self.cfg.act_fn)?;
         self.conv_out.forward(&h)
