@@ -308,18 +308,23 @@ mod tests {
                 panic!("{s}: not packed")
             };
             let mut rng = crate::samplers::Rng::new(9);
-            let x = rng.randn(&[37, 24], &Device::Cpu).unwrap();
-            let want = x.matmul(&lw.t().unwrap()).unwrap();
-            // 48 output channels per block: 3 blocks of the linear's 130, 3 of the conv's 110.
-            let got = linear_packed_in_blocks(&x, &lp, 48 * 24).unwrap();
-            let d = (got - &want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
-            assert!(d < 1e-4, "{s}: split linear differs by {d}");
-            let xi = rng.randn(&[2, 7, hw.0, hw.1], &Device::Cpu).unwrap();
-            let want = xi.conv2d(&cw, pad, stride, 1, 1).unwrap();
-            let got = conv2d_packed_in_blocks(&xi, &cp, stride, pad, 48 * 7 * k * k).unwrap();
-            assert_eq!(got.dims(), want.dims());
-            let d = (got - &want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
-            assert!(d < 1e-4, "{s}: split conv {k}x{k}/{stride} differs by {d}");
+            // Several rows / images (blocks staged and scattered) and one (written in place).
+            for rows in [37, 1] {
+                let x = rng.randn(&[rows, 24], &Device::Cpu).unwrap();
+                let want = x.matmul(&lw.t().unwrap()).unwrap();
+                // 48 output channels per block: 3 blocks of the linear's 130, 3 of the conv's 110.
+                let got = linear_packed_in_blocks(&x, &lp, 48 * 24).unwrap();
+                let d = (got - &want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+                assert!(d < 1e-4, "{s}: split linear ({rows} rows) differs by {d}");
+            }
+            for batch in [2, 1] {
+                let xi = rng.randn(&[batch, 7, hw.0, hw.1], &Device::Cpu).unwrap();
+                let want = xi.conv2d(&cw, pad, stride, 1, 1).unwrap();
+                let got = conv2d_packed_in_blocks(&xi, &cp, stride, pad, 48 * 7 * k * k).unwrap();
+                assert_eq!(got.dims(), want.dims());
+                let d = (got - &want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+                assert!(d < 1e-4, "{s}: split conv {k}x{k}/{stride}, batch {batch}, differs by {d}");
+            }
         }
     }
 }
