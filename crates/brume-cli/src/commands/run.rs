@@ -179,18 +179,13 @@ pub fn progress_reporter(
                     "loaded {seg}; private dirty {}, RSS {}; {}",
                     m.private_dirty.map(brume::runtime::memory::mib).unwrap_or_default(),
                     m.rss.map(brume::runtime::memory::mib).unwrap_or_default(),
-                    heap_since_last()
+                    heap_now()
                 );
                 last = Instant::now();
             }
-            Progress::Step { index, .. } => {
-                // Per-phase heap peaks, to check the estimator phase by phase.
-                tracing::info!("step {index}; {}", heap_since_last());
-            }
-        }
-        match p {
-            Progress::Loaded(_) => {}
             Progress::Step { index, total, latents } => {
+                // The heap at each step, to check the estimator phase by phase.
+                tracing::info!("step {index}; {}", heap_now());
                 step_times.push(last.elapsed().as_secs_f64());
                 last = Instant::now();
                 let mut sorted = step_times.clone();
@@ -247,14 +242,15 @@ pub fn finish(result: brume::error::Result<brume::pipelines::Generated>) -> anyh
     }
 }
 
-/// The heap's live bytes and its peak since the last call (which starts a new
-/// peak), when the counting allocator is installed.
-fn heap_since_last() -> String {
-    use brume::runtime::memory::{heap, mib, reset_heap_peak};
-    let text = match heap() {
-        Some((live, peak)) => format!("heap {} live, peak {} since the last event", mib(live), mib(peak)),
+/// The heap's live bytes and its peak so far, when the counting allocator is
+/// installed. It does not start a new peak: `--memory-report`'s watch reads the
+/// same counter.
+fn heap_now() -> String {
+    match brume::runtime::memory::heap() {
+        Some((live, peak)) => {
+            use brume::runtime::memory::mib;
+            format!("heap {} live, peak {} so far", mib(live), mib(peak))
+        }
         None => "heap not counted".to_string(),
-    };
-    reset_heap_peak();
-    text
+    }
 }

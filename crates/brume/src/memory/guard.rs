@@ -9,8 +9,8 @@
 use std::cell::{Cell, RefCell};
 
 use super::estimate::{estimate, Estimate, ModelProfile, RequestShape};
-use super::planner::{cheapest_attention, cheapest_tiles, with_headroom, within};
-use super::strategy::{Branches, Strategy, VaeDecode};
+use super::planner::{cheapest_attention, cheapest_tiles, split_if_unet_over, with_headroom, within};
+use super::strategy::{Strategy, VaeDecode};
 use crate::error::RunError;
 use crate::loading::Segment;
 use crate::runtime::budget::Budget;
@@ -90,9 +90,8 @@ impl Guard {
         // Chunked attention matters while the UNet is still to run.
         let unet_ahead = !matches!(at, Checkpoint::BeforeSegment(Segment::VaeDecoder));
         // Guidance branches one at a time: the same picture, half the UNet's activations.
-        if unet_ahead && self.shape.guided && s.branches == Branches::Batched {
-            let split = Strategy { branches: Branches::OneAtATime, ..s };
-            if !within(estimate(&self.model, &self.shape, &s).unet.private_dirty, budget.bytes()) {
+        if unet_ahead {
+            if let Some(split) = split_if_unet_over(&self.model, &self.shape, &s, budget.bytes()) {
                 s = split;
                 self.note(format!("{at}: budget now {budget}; falling back to guidance branches one at a time"));
             }

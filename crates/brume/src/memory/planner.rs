@@ -215,6 +215,14 @@ pub fn cheapest_tiles(model: &ModelProfile, shape: &RequestShape, s: &Strategy, 
     fitting.or(tiles.last()).copied()
 }
 
+/// `s` with guidance branches one at a time when the request is guided, `s`
+/// batches them, and its UNet phase is what does not fit `budget`: the split
+/// shrinks only that phase and slows every step, so it is taken for nothing else.
+pub fn split_if_unet_over(model: &ModelProfile, shape: &RequestShape, s: &Strategy, budget: u64) -> Option<Strategy> {
+    let over = shape.guided && s.branches == Branches::Batched && !within(estimate(model, shape, s).unet.private_dirty, budget);
+    over.then_some(Strategy { branches: Branches::OneAtATime, ..*s })
+}
+
 /// The strategies of the rungs that keep the requested size, least lossy first.
 /// Guidance branches one at a time only shrink the UNet phase, so the later
 /// rungs take them only when that phase is over the budget (else they would
@@ -223,14 +231,10 @@ pub fn rungs(model: &ModelProfile, shape: &RequestShape, budget: u64) -> Vec<Str
     let plain = Strategy::PLAIN;
     let seq = Strategy { residency: Residency::Sequential, ..plain };
     let mut out = vec![plain, seq];
-    let mut base = seq;
     if shape.guided {
-        let split = Strategy { branches: Branches::OneAtATime, ..seq };
-        out.push(split);
-        if !within(estimate(model, shape, &seq).unet.private_dirty, budget) {
-            base = split;
-        }
+        out.push(Strategy { branches: Branches::OneAtATime, ..seq });
     }
+    let base = split_if_unet_over(model, shape, &seq, budget).unwrap_or(seq);
     let mut before_tiles = base;
     if let Some(a) = cheapest_attention(model, shape, &base, budget) {
         before_tiles = Strategy { attention: a, ..base };
@@ -272,7 +276,9 @@ pub fn plan(
                     let e = estimate(m, run_shape, &s);
                     let candidate = Plan { strategy: s, size: *size, variant: variant.clone(), estimate: e.clone(), budget: budget.clone() };
                     if fits(&e, b) && (!keep_rss || within_working_set(&e, budget)) {
-                        return Ok(if keep_rss || budget.working_set().is_none() { candidate } else { least_paging(m, run_shape, candidate) });
+                        // Second pass of a working-set budget: nothing fits it, so page least.
+                        let over = !keep_rss && budget.working_set().is_some();
+                        return Ok(if over { least_paging(m, run_shape, candidate) } else { candidate });
                     }
                     consider(&e, candidate.fallbacks().join(", "));
                 }
