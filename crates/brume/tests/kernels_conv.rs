@@ -199,3 +199,65 @@ fn layers_follow_the_compute_precision() {
         assert!(e > 1e-6 && e <= 2e-2, "{k}x{k}: {e:.2e}");
     }
 }
+
+/// AMX tiles: the same rounded factors as the AVX512-BF16 kernels, so against
+/// candle's f32 conv of the rounded factors only the order of the sums differs.
+/// Shapes cover K, M and N tails (channels not a multiple of 32, odd widths, 8x8
+/// maps), SD's 320-channel level and a batch of two.
+#[test]
+fn conv3x3_amx_matches_the_rounded_f32_conv() {
+    use brume::kernels::amx::{conv3x3_amx, supported};
+    if !supported() {
+        eprintln!("no AMX on this CPU (or BRUME_AMX=off): AMX conv not run");
+        return;
+    }
+    let dev = Device::Cpu;
+    let mut rng = Rng::new(17);
+    let round = |t: &Tensor| t.to_dtype(candle_core::DType::BF16).unwrap().to_dtype(candle_core::DType::F32).unwrap();
+    for &(b, c, o, h, w) in &[
+        (1, 1, 1, 1, 1),
+        (1, 3, 5, 4, 7),
+        (2, 32, 32, 8, 8),
+        (1, 33, 40, 9, 17),
+        (2, 64, 19, 16, 16),
+        (1, 96, 64, 5, 64),
+        (2, 71, 33, 8, 8),
+        (1, 320, 320, 24, 24),
+    ] {
+        let x = rng.randn(&[b, c, h, w], &dev).unwrap();
+        let k = rng.randn(&[o, c, 3, 3], &dev).unwrap();
+        let got = conv3x3_amx(&x, &k).unwrap();
+        let want = round(&x).conv2d(&round(&k), 1, 1, 1, 1).unwrap();
+        let err = rel_err(&got, &want);
+        assert!(err <= 1e-5, "{:?}: rel err {err:.2e} vs the rounded f32 conv", (b, c, o, h, w));
+        let full = x.conv2d(&k, 1, 1, 1, 1).unwrap();
+        assert!(rel_err(&got, &full) <= 2e-2, "{:?}", (b, c, o, h, w));
+    }
+}
+
+#[test]
+fn gemm_amx_matches_the_rounded_f32_product() {
+    use brume::kernels::amx::{conv1x1_amx, linear_amx, supported};
+    if !supported() {
+        eprintln!("no AMX on this CPU (or BRUME_AMX=off): AMX GEMM not run");
+        return;
+    }
+    let dev = Device::Cpu;
+    let mut rng = Rng::new(18);
+    let round = |t: &Tensor| t.to_dtype(candle_core::DType::BF16).unwrap().to_dtype(candle_core::DType::F32).unwrap();
+    // Every tail: m, n, k below, at and past a 32 block; k odd; SD's 320 -> 1280 width.
+    for &(m, k, n) in &[(1, 1, 1), (5, 7, 3), (32, 32, 32), (77, 64, 64), (130, 301, 257), (49, 33, 40), (300, 320, 33), (64, 320, 1280)] {
+        let a = rng.randn(&[m, k], &dev).unwrap();
+        let w = rng.randn(&[n, k], &dev).unwrap();
+        let got = linear_amx(&a, &w).unwrap();
+        let want = round(&a).matmul(&round(&w).t().unwrap()).unwrap();
+        let err = rel_err(&got, &want);
+        assert!(err <= 1e-5, "linear {:?}: rel err {err:.2e} vs the rounded f32 product", (m, k, n));
+        // The [k, n] layout of B (a 1x1 conv's activations): w [m, k] x x [k, n].
+        let x = rng.randn(&[k, n], &dev).unwrap();
+        let got = conv1x1_amx(&a, &x).unwrap();
+        let want = round(&a).matmul(&round(&x)).unwrap();
+        let err = rel_err(&got, &want);
+        assert!(err <= 1e-5, "1x1 {:?}: rel err {err:.2e} vs the rounded f32 product", (m, k, n));
+    }
+}

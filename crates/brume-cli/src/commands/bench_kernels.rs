@@ -66,12 +66,18 @@ impl Case {
     /// `--kernels reference` runs on mapped weights) and, on a CPU with
     /// AVX512-BF16, the bf16-product 3x3 conv and GEMM (`--compute bf16`).
     fn alternatives(&self) -> Vec<&'static str> {
-        match &self.op {
+        let mut v = match &self.op {
             Op::Conv { padding: 1, .. } if brume::kernels::conv3x3_bf16::supported() => vec!["im2col", "bf16"],
             Op::Conv { .. } => vec!["im2col"],
             Op::Linear { .. } if brume::kernels::conv3x3_bf16::supported() => vec!["bf16"],
             _ => Vec::new(),
+        };
+        // AMX tiles (what `--compute bf16` runs where the CPU has them).
+        let one_image_1x1 = matches!(&self.op, Op::Conv { x, padding: 0, .. } if x.dim(0).is_ok_and(|b| b == 1));
+        if brume::kernels::amx::supported() && (matches!(&self.op, Op::Conv { padding: 1, .. } | Op::Linear { .. }) || one_image_1x1) {
+            v.push("amx");
         }
+        v
     }
 
     fn alternative(&self, name: &str) -> candle_core::Result<Tensor> {
@@ -84,6 +90,14 @@ impl Case {
             }
             (Op::Conv { x, w, .. }, "bf16") => brume::kernels::conv3x3_bf16::conv3x3_bf16(x, w),
             (Op::Linear { x, w }, "bf16") => brume::kernels::matmul_bf16::linear_bf16(x, w),
+            (Op::Conv { x, w, padding: 1 }, "amx") => brume::kernels::amx::conv3x3_amx(x, w),
+            (Op::Conv { x, w, .. }, "amx") => {
+                let (b, c, h, wd) = x.dims4()?;
+                let o = w.dim(0)?;
+                let y = brume::kernels::amx::conv1x1_amx(&w.reshape((o, c))?, &x.reshape((c, b * h * wd))?)?;
+                y.reshape((b, o, h, wd))
+            }
+            (Op::Linear { x, w }, "amx") => brume::kernels::amx::linear_amx(x, w),
             _ => candle_core::bail!("no {name} path for {}", self.name),
         }
     }
@@ -328,7 +342,7 @@ pub fn run(a: KernelArgs) -> anyhow::Result<()> {
             alt_err.push(rel_err(&case.alternative(name)?, &want)?);
         }
         // PyTorch's bf16 conv beside brume's (the bar compares each precision).
-        let torch_bf16 = alts.contains(&"bf16") && torch.is_some();
+        let torch_bf16 = alts.iter().any(|a| *a == "bf16" || *a == "amx") && torch.is_some();
         let bf16_name = format!("{}.bf16", case.name);
         let torch_bf16_err = match torch.as_mut() {
             Some(t) if torch_bf16 => {
@@ -362,7 +376,11 @@ pub fn run(a: KernelArgs) -> anyhow::Result<()> {
             rows.push(("pytorch bf16", timed(&pt16)?, format!("{e:.1e}")));
         }
         for (i, name) in alts.iter().enumerate() {
-            let label = if *name == "bf16" { "brume bf16" } else { "brume im2col" };
+            let label = match *name {
+                "bf16" => "brume bf16",
+                "amx" => "brume amx bf16",
+                _ => "brume im2col",
+            };
             rows.push((label, timed(&alt[i])?, format!("{:.1e}", alt_err[i])));
         }
         for (variant, (med, min, max), err) in &rows {

@@ -37,8 +37,17 @@ thread_local! {
 
 pub use super::bf16::supported;
 
-/// `out` [b, o, h, w] = conv(`x`, `weights` [o, c, 3, 3]) with bf16 products.
+/// `out` [b, o, h, w] = conv(`x`, `weights` [o, c, 3, 3]) with bf16 products: on
+/// AMX tiles where the CPU has them ([`super::amx`]), else with `vdpbf16ps`.
 pub(crate) fn run(x: &[f32], d: Dims, weights: &[f32], out: &mut [f32]) -> Result<()> {
+    if super::amx::supported() {
+        return super::amx::conv3x3(x, d, weights, out);
+    }
+    run_vector(x, d, weights, out)
+}
+
+/// As [`run`] with `vdpbf16ps` on zmm registers, whatever else the CPU has.
+pub(crate) fn run_vector(x: &[f32], d: Dims, weights: &[f32], out: &mut [f32]) -> Result<()> {
     if !supported() {
         candle_core::bail!("bf16 compute needs a CPU with AVX512-BF16");
     }
@@ -280,7 +289,8 @@ unsafe fn block(rows: *const u32, chan: usize, pitch: usize, cp: usize, wrows: &
 }
 
 /// 3x3 / stride 1 / padding 1 convolution of `x` [b, c, h, w] with `w` [o, c, 3, 3]
-/// (no bias), bf16 products and f32 sums; contiguous f32 CPU tensors (tests, benches).
+/// (no bias), bf16 products and f32 sums with `vdpbf16ps` (the AMX kernel is
+/// [`super::amx::conv3x3_amx`]); contiguous f32 CPU tensors (tests, benches).
 pub fn conv3x3_bf16(x: &candle_core::Tensor, w: &candle_core::Tensor) -> Result<candle_core::Tensor> {
     use candle_core::{CpuStorage, Storage};
     let (o, wc, kh, kw) = w.dims4()?;
@@ -297,7 +307,7 @@ pub fn conv3x3_bf16(x: &candle_core::Tensor, w: &candle_core::Tensor) -> Result<
     let (xa, xb) = lx.contiguous_offsets().ok_or_else(|| candle_core::Error::Msg("strided input".into()))?;
     let (wa, wb) = lw.contiguous_offsets().ok_or_else(|| candle_core::Error::Msg("strided kernel".into()))?;
     let mut out = vec![0f32; b * o * h * wd];
-    run(&xd[xa..xb], Dims { batch: b, in_ch: c, out_ch: o, h, w: wd }, &wdat[wa..wb], &mut out)?;
+    run_vector(&xd[xa..xb], Dims { batch: b, in_ch: c, out_ch: o, h, w: wd }, &wdat[wa..wb], &mut out)?;
     drop((sx, sw));
     candle_core::Tensor::from_vec(out, (b, o, h, wd), x.device())
 }

@@ -30,9 +30,19 @@ thread_local! {
     static PANEL: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
 }
 
-/// `dst[i][j] = sum_kk a[i * lda + kk] * B[kk][j]`, bf16 products (see [`super::matmul::gemm`]).
+/// `dst[i][j] = sum_kk a[i * lda + kk] * B[kk][j]`, bf16 products (see
+/// [`super::matmul::gemm`]): on AMX tiles where the CPU has them, else `vdpbf16ps`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm(m: usize, n: usize, k: usize, a: &[f32], lda: usize, b: &[f32], bl: BLayout, dst: &mut [f32]) -> Result<()> {
+    if super::amx::supported() {
+        return super::amx::gemm(m, n, k, a, lda, b, bl, dst);
+    }
+    gemm_vector(m, n, k, a, lda, b, bl, dst)
+}
+
+/// As [`gemm`] with `vdpbf16ps` on zmm registers, whatever else the CPU has.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm_vector(m: usize, n: usize, k: usize, a: &[f32], lda: usize, b: &[f32], bl: BLayout, dst: &mut [f32]) -> Result<()> {
     if !supported() {
         candle_core::bail!("bf16 compute needs a CPU with AVX512-BF16");
     }
@@ -204,7 +214,8 @@ unsafe fn block(acc: &mut [[__m512; 2]; MR], a: &[*const u32; MR], b: *const u32
     }
 }
 
-/// `a [m, k] x w^T` with `w [n, k]`, bf16 products and f32 sums (tests, benches).
+/// `a [m, k] x w^T` with `w [n, k]`, bf16 products and f32 sums with `vdpbf16ps`
+/// (the AMX kernel is [`super::amx::linear_amx`]) (tests, benches).
 pub fn linear_bf16(a: &candle_core::Tensor, w: &candle_core::Tensor) -> Result<candle_core::Tensor> {
     use candle_core::{CpuStorage, Storage};
     let (m, k) = a.dims2()?;
@@ -221,7 +232,7 @@ pub fn linear_bf16(a: &candle_core::Tensor, w: &candle_core::Tensor) -> Result<c
     let (a0, a1) = la.contiguous_offsets().ok_or_else(|| candle_core::Error::Msg("strided input".into()))?;
     let (w0, w1) = lw.contiguous_offsets().ok_or_else(|| candle_core::Error::Msg("strided weight".into()))?;
     let mut out = vec![0f32; m * n];
-    gemm(m, n, k, &ad[a0..a1], k, &wd[w0..w1], BLayout::NK { ld: k }, &mut out)?;
+    gemm_vector(m, n, k, &ad[a0..a1], k, &wd[w0..w1], BLayout::NK { ld: k }, &mut out)?;
     drop((sa, sw));
     candle_core::Tensor::from_vec(out, (m, n), a.device())
 }

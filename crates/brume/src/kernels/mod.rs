@@ -10,6 +10,7 @@
 //! [`KernelMode`] switch sends everything back to the plain candle path, which is
 //! how `--kernels reference` checks a result or a timing against candle.
 
+pub mod amx;
 mod bf16;
 pub mod conv3x3;
 pub mod conv3x3_bf16;
@@ -70,8 +71,9 @@ pub fn mode() -> KernelMode {
 
 /// What the kernels multiply in. Activations and sums stay f32 either way; `Bf16`
 /// rounds the factors of the 3x3 convolutions, linear layers and 1x1 convolutions
-/// to bf16 and multiplies them with AVX512-BF16 dot products, twice the f32 rate
-/// (error ~1e-3 relative); attention and norms stay f32.
+/// to bf16 (error ~1e-3 relative) and multiplies them on AMX tiles where the CPU
+/// has them ([`amx`]; in-place f32 weights then keep a packed bf16 copy, half their
+/// bytes), else with AVX512-BF16 dot products; attention and norms stay f32.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Compute {
     F32,

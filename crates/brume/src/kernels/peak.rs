@@ -139,6 +139,16 @@ unsafe fn bf16_chains(time: Duration) -> f64 {
     }
 }
 
+/// Measured AMX throughput (`tdpbf16ps` on resident tiles) of all of rayon's
+/// threads, in GFLOP/s; `None` without AMX. On such a CPU the `--compute bf16`
+/// rows run on the tiles and are quoted against this.
+pub fn peak_amx_gflops(time: Duration) -> Option<f64> {
+    if !super::amx::supported() {
+        return None;
+    }
+    Some(on_every_thread(|| super::amx::tile_rate(time).unwrap_or(0.0)))
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -148,6 +158,10 @@ mod tests {
         if let Some(b) = super::peak_bf16_gflops(std::time::Duration::from_millis(300)) {
             eprintln!("measured bf16 peak: {b:.1} GFLOP/s");
             assert!(b.is_finite() && b > 0.1, "{b}");
+        }
+        if let Some(t) = super::peak_amx_gflops(std::time::Duration::from_millis(300)) {
+            eprintln!("measured AMX peak: {t:.1} GFLOP/s");
+            assert!(t.is_finite() && t > 0.1, "{t}");
         }
         assert!(g.is_finite() && g > 0.1, "{g}");
     }

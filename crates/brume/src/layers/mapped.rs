@@ -7,7 +7,7 @@
 //! their own CPU kernels (candle custom ops), so weights stay clean, evictable
 //! file pages. Only small vectors (biases, norm scales) are copied.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
 use gemm::{gemm, Parallelism};
@@ -23,6 +23,36 @@ pub struct MappedF32 {
     offset: usize,
     len: usize,
     shape: Vec<usize>,
+    /// The weight packed for AMX tiles, made on first use under `--compute bf16`
+    /// on a CPU with AMX and kept with the weight (clones share it).
+    amx: Arc<OnceLock<AmxWeight>>,
+}
+
+/// A weight rounded to bf16 and laid out for the AMX kernels: half its f32 bytes,
+/// private memory. Kept because repacking per call cost more than the products at
+/// SD's deep levels (a 1280-channel 3x3 kernel is 15 M weights for 3.8 GFLOP at 8x8).
+enum AmxWeight {
+    Conv3x3(crate::kernels::amx::PackedConv3x3),
+    /// A 1x1 kernel as the left factor of `W x`.
+    Rows(crate::kernels::amx::PackedRows),
+    /// A linear weight [out, in] as the right factor of `x W^T`.
+    Pairs(crate::kernels::amx::PackedPairs),
+}
+
+impl std::fmt::Debug for AmxWeight {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (kind, bytes) = match self {
+            AmxWeight::Conv3x3(p) => ("conv3x3", p.bytes()),
+            AmxWeight::Rows(p) => ("rows", p.bytes()),
+            AmxWeight::Pairs(p) => ("pairs", p.bytes()),
+        };
+        write!(f, "AmxWeight::{kind}({bytes} bytes)")
+    }
+}
+
+/// Whether the layers run AMX tiles now: brume's kernels, bf16 compute, a CPU with AMX.
+fn amx_on() -> bool {
+    fast() && crate::kernels::compute() == crate::kernels::Compute::Bf16 && crate::kernels::amx::supported()
 }
 
 impl MappedF32 {
@@ -41,6 +71,7 @@ impl MappedF32 {
             offset: bytes.as_ptr() as usize - t.file.raw().as_ptr() as usize,
             len: bytes.len() / 4,
             shape: shape.to_vec(),
+            amx: Arc::new(OnceLock::new()),
         })
     }
 
@@ -54,6 +85,17 @@ impl MappedF32 {
         // SAFETY: alignment was checked at construction; the mapping lives as long
         // as `self.file`; every bit pattern is a valid f32.
         unsafe { std::slice::from_raw_parts(bytes.as_ptr() as *const f32, self.len) }
+    }
+
+    /// The packed AMX form of this weight, made by `pack` on first use (two threads
+    /// racing both pack; one result is kept).
+    fn amx(&self, pack: impl FnOnce(&[f32]) -> Result<AmxWeight>) -> Result<&AmxWeight> {
+        if let Some(w) = self.amx.get() {
+            return Ok(w);
+        }
+        let packed = pack(self.data())?;
+        let _ = self.amx.set(packed);
+        self.amx.get().ok_or_else(|| candle_core::Error::Msg("AMX weight cache lost".into()))
     }
 
     /// Copies into a tensor (for devices our kernels do not cover).
@@ -219,6 +261,14 @@ impl CustomOp1 for LinearOp<'_> {
             candle_core::bail!("mapped linear: input width {k} but weight is {:?}", self.w.shape());
         }
         let mut dst = vec![0f32; rows * n];
+        if let (View::Mapped(m), true) = (self.w, amx_on()) {
+            use crate::kernels::amx::{gemm_packed, PackedPairs, PackedRows};
+            let AmxWeight::Pairs(w) = m.amx(|w| Ok(AmxWeight::Pairs(PackedPairs::new(w, k, n, crate::kernels::matmul::BLayout::NK { ld: k })?)))? else {
+                candle_core::bail!("mapped linear: weight {:?} was packed for another op", m.shape);
+            };
+            gemm_packed(&PackedRows::new(x, rows, k, k)?, w, &mut dst)?;
+            return Ok((CpuStorage::F32(dst), Shape::from((rows, n))));
+        }
         by_blocks(&self.w, self.block, 1, &mut dst, |nb, w, out| linear_into(x, rows, k, nb, w, out))?;
         Ok((CpuStorage::F32(dst), Shape::from((rows, n))))
     }
@@ -281,6 +331,11 @@ impl CustomOp1 for ConvOp<'_> {
         let hw = ho * wo;
         let geom = ConvGeom { b, c, h, w, kh, kw, s, p, ho, wo };
         let mut dst = vec![0f32; b * o * hw];
+        if let (View::Mapped(m), true) = (self.w, amx_on()) {
+            if conv_amx_cached(x, geom, m, o, &mut dst)? {
+                return Ok((CpuStorage::F32(dst), Shape::from((b, o, ho, wo))));
+            }
+        }
         let mut cols = Vec::new();
         by_blocks(&self.w, self.block, hw, &mut dst, |ob, w, out| conv_into(x, geom, ob, w, &mut cols, out))?;
         Ok((CpuStorage::F32(dst), Shape::from((b, o, ho, wo))))
@@ -300,6 +355,33 @@ struct ConvGeom {
     p: usize,
     ho: usize,
     wo: usize,
+}
+
+/// The 3x3 / padding 1 and 1x1 convolutions on AMX with the mapped kernel's cached
+/// packed form; `false` (nothing written) for the other shapes.
+fn conv_amx_cached(x: &[f32], g: ConvGeom, m: &MappedF32, o: usize, out: &mut [f32]) -> Result<bool> {
+    use crate::kernels::amx::{conv3x3_packed, gemm_packed, PackedConv3x3, PackedPairs, PackedRows};
+    let ConvGeom { b, c, h, w, kh, kw, s, p, .. } = g;
+    if (kh, kw, s, p) == (3, 3, 1, 1) {
+        let AmxWeight::Conv3x3(wt) = m.amx(|w| Ok(AmxWeight::Conv3x3(PackedConv3x3::new(w, o, c)?)))? else {
+            candle_core::bail!("mapped conv: kernel {:?} was packed for another op", m.shape);
+        };
+        conv3x3_packed(x, crate::kernels::conv3x3::Dims { batch: b, in_ch: c, out_ch: o, h, w }, wt, out)?;
+        return Ok(true);
+    }
+    if (kh, kw, s, p) != (1, 1, 1, 0) {
+        return Ok(false);
+    }
+    let AmxWeight::Rows(wr) = m.amx(|w| Ok(AmxWeight::Rows(PackedRows::new(w, o, c, c)?)))? else {
+        candle_core::bail!("mapped conv: kernel {:?} was packed for another op", m.shape);
+    };
+    let hw = h * w;
+    for n in 0..b {
+        let img = &x[n * c * hw..(n + 1) * c * hw];
+        let pairs = PackedPairs::new(img, c, hw, crate::kernels::matmul::BLayout::KN { ld: hw })?;
+        gemm_packed(wr, &pairs, &mut out[n * o * hw..(n + 1) * o * hw])?;
+    }
+    Ok(true)
 }
 
 /// `out [b, o, ho, wo]` = conv(`x`, `weights` [o, c, kh, kw]); `cols` is the reused
