@@ -146,3 +146,103 @@ fn mismatched_shapes_are_errors() {
     let kd = Tensor::zeros((1, 2, 6, 4), candle_core::DType::F32, &dev).unwrap();
     assert!(flash_attention_on(Isa::Portable, &q, &kd, &kd, 1.0, false).is_err());
 }
+
+/// AMX tiles: both products in bf16 (q, k, v and the probabilities rounded), f32
+/// softmax and sums. Against the reference on the same rounded q, k, v, what is
+/// left is the rounding of the probabilities; against f32, bf16's error.
+#[test]
+fn amx_attention_matches_within_bf16_rounding() {
+    use brume::kernels::attention_amx::attention_amx;
+    if !brume::kernels::amx::supported() {
+        eprintln!("no AMX on this CPU (or BRUME_AMX=off): AMX attention not run");
+        return;
+    }
+    let dev = Device::Cpu;
+    let round = |t: &Tensor| {
+        t.to_dtype(candle_core::DType::BF16)
+            .unwrap()
+            .to_dtype(candle_core::DType::F32)
+            .unwrap()
+    };
+    let cases = [
+        case(1, 1, 1, 1, 1),
+        case(2, 3, 17, 17, 7),
+        case(1, 8, 65, 65, 40),
+        case(1, 2, 129, 129, 80),
+        case(2, 8, 100, 77, 40),
+        case(1, 1, 300, 300, 160),
+        case(1, 1, 64, 513, 33),
+        Case {
+            causal: true,
+            ..case(2, 12, 77, 77, 64)
+        },
+        Case {
+            causal: true,
+            ..case(1, 3, 129, 129, 33)
+        },
+        Case {
+            q_gain: 40.0,
+            ..case(1, 2, 100, 300, 40)
+        },
+    ];
+    for (i, c) in cases.iter().enumerate() {
+        let mut rng = Rng::new(400 + i as u64);
+        let q = (rng.randn(&[c.b, c.nq, c.h, c.d], &dev).unwrap() * c.q_gain)
+            .unwrap()
+            .transpose(1, 2)
+            .unwrap();
+        let k = rng.randn(&[c.b, c.h, c.nk, c.d], &dev).unwrap();
+        let v = rng
+            .randn(&[c.b, c.nk, c.h, c.d], &dev)
+            .unwrap()
+            .transpose(1, 2)
+            .unwrap();
+        let scale = (c.d as f64).powf(-0.5);
+        let mask = if c.causal {
+            AttentionMask::Causal
+        } else {
+            AttentionMask::None
+        };
+        let got = attention_amx(&q, &k, &v, scale, c.causal).unwrap();
+        let rounded = attention_reference(&round(&q), &round(&k), &round(&v), scale, mask).unwrap();
+        let full = attention_reference(&q, &k, &v, scale, mask).unwrap();
+        assert_eq!(got.dims(), full.dims());
+        let what = format!(
+            "b{} h{} nq{} nk{} d{} causal {} gain {}",
+            c.b, c.h, c.nq, c.nk, c.d, c.causal, c.q_gain
+        );
+        // Peaked scores (gain 40, scores of several hundred) turn bf16's rounding of q
+        // (scaled first here) into whole units of score, so the softmax may pick a
+        // neighbouring key: the bound there is loose, but the output must stay finite
+        // and a convex combination of v's rows.
+        let peaked = c.q_gain > 1.0;
+        let e = rel_err(&got, &rounded);
+        assert!(
+            e <= if peaked { 0.15 } else { 1e-2 },
+            "{what}: {e:.2e} vs the rounded reference"
+        );
+        let e = rel_err(&got, &full);
+        assert!(
+            e.is_finite() && e <= if peaked { 0.2 } else { 2e-2 },
+            "{what}: {e:.2e} vs f32"
+        );
+        let vmax = round(&v)
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        let gmax = got
+            .abs()
+            .unwrap()
+            .max_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        assert!(
+            gmax <= vmax * 1.01,
+            "{what}: |out| {gmax} beyond max |v| {vmax}"
+        );
+    }
+}

@@ -74,7 +74,7 @@ impl Case {
         };
         // AMX tiles (what `--compute bf16` runs where the CPU has them).
         let one_image_1x1 = matches!(&self.op, Op::Conv { x, padding: 0, .. } if x.dim(0).is_ok_and(|b| b == 1));
-        if brume::kernels::amx::supported() && (matches!(&self.op, Op::Conv { padding: 1, .. } | Op::Linear { .. }) || one_image_1x1) {
+        if brume::kernels::amx::supported() && (matches!(&self.op, Op::Conv { padding: 1, .. } | Op::Linear { .. } | Op::Attention { .. }) || one_image_1x1) {
             v.push("amx");
         }
         v
@@ -90,6 +90,7 @@ impl Case {
             }
             (Op::Conv { x, w, .. }, "bf16") => brume::kernels::conv3x3_bf16::conv3x3_bf16(x, w),
             (Op::Linear { x, w }, "bf16") => brume::kernels::matmul_bf16::linear_bf16(x, w),
+            (Op::Attention { q, k, scale }, "amx") => brume::kernels::attention_amx::attention_amx(q, k, k, *scale, false),
             (Op::Conv { x, w, padding: 1 }, "amx") => brume::kernels::amx::conv3x3_amx(x, w),
             (Op::Conv { x, w, .. }, "amx") => {
                 let (b, c, h, wd) = x.dims4()?;

@@ -219,7 +219,7 @@ const BLOCK: usize = 32;
 const A_PANELS_BYTES: usize = 1 << 20;
 
 #[cfg(target_arch = "x86_64")]
-mod imp {
+pub(super) mod imp {
     use std::arch::asm;
 
     use rayon::prelude::*;
@@ -267,11 +267,11 @@ mod imp {
 
     /// The tiles of the calling thread, configured; released on drop, so a task
     /// that ends (or unwinds) leaves no tile state for the OS to save.
-    struct Tiles;
+    pub(in crate::kernels) struct Tiles;
 
     impl Tiles {
         /// SAFETY: the process was granted the tile state ([`enable`] returned true).
-        unsafe fn configure() -> Self {
+        pub(in crate::kernels) unsafe fn configure() -> Self {
             let mut cfg = TileConfig { palette: 1, start_row: 0, reserved: [0; 14], colsb: [0; 16], rows: [0; 16] };
             for t in 0..8 {
                 cfg.colsb[t] = 64;
@@ -294,7 +294,7 @@ mod imp {
     ///
     /// SAFETY: the tiles are configured ([`Tiles::configure`]).
     #[inline(always)]
-    unsafe fn zero() {
+    pub(in crate::kernels) unsafe fn zero() {
         unsafe { asm!("tilezero tmm0", "tilezero tmm1", "tilezero tmm2", "tilezero tmm3", options(nostack, nomem, preserves_flags)) };
     }
 
@@ -303,7 +303,7 @@ mod imp {
     ///
     /// SAFETY: the tiles are configured; those bytes are readable.
     #[inline(always)]
-    unsafe fn step(a: *const u8, lda: usize, b: *const u8, ldb: usize) {
+    pub(in crate::kernels) unsafe fn step(a: *const u8, lda: usize, b: *const u8, ldb: usize) {
         unsafe {
             asm!(
                 "tileloadd tmm4, [{a0} + {lda}*1]",
@@ -329,7 +329,7 @@ mod imp {
     ///
     /// SAFETY: the tiles are configured; those bytes are writable.
     #[inline(always)]
-    unsafe fn store(c: *mut u8, ldc: usize) {
+    pub(in crate::kernels) unsafe fn store(c: *mut u8, ldc: usize) {
         unsafe {
             asm!(
                 "tilestored [{c0} + {ldc}*1], tmm0",

@@ -11,10 +11,12 @@
 //! how `--kernels reference` checks a result or a timing against candle.
 
 pub mod amx;
+pub mod attention_amx;
 mod bf16;
 pub mod conv3x3;
 pub mod conv3x3_bf16;
 pub mod flash_attention;
+pub mod geglu;
 pub mod group_norm;
 pub mod matmul;
 pub mod matmul_bf16;
@@ -73,7 +75,8 @@ pub fn mode() -> KernelMode {
 /// rounds the factors of the 3x3 convolutions, linear layers and 1x1 convolutions
 /// to bf16 (error ~1e-3 relative) and multiplies them on AMX tiles where the CPU
 /// has them ([`amx`]; in-place f32 weights then keep a packed bf16 copy, half their
-/// bytes), else with AVX512-BF16 dot products; attention and norms stay f32.
+/// bytes), else with AVX512-BF16 dot products. On AMX attention's two products run
+/// on the tiles too ([`attention_amx`]); elsewhere attention and norms stay f32.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Compute {
     F32,

@@ -206,10 +206,14 @@ impl FeedForward {
         // projection runs.
         let p = {
             let h = self.proj.forward(x)?;
-            let last = h.rank() - 1;
-            let a = h.narrow(last, 0, self.inner)?;
-            let gate = h.narrow(last, self.inner, self.inner)?;
-            (a * gate.gelu_erf()?)?
+            if crate::kernels::use_fast(&h) {
+                crate::kernels::geglu::geglu(&h)?
+            } else {
+                let last = h.rank() - 1;
+                let a = h.narrow(last, 0, self.inner)?;
+                let gate = h.narrow(last, self.inner, self.inner)?;
+                (a * gate.gelu_erf()?)?
+            }
         };
         self.out.forward(&p)
     }

@@ -1,0 +1,162 @@
+//! Fused GEGLU: `a * gelu(gate)` over the two halves of a feed-forward projection.
+//!
+//! The plain path narrows the projection into two strided views, copies each, runs
+//! candle's scalar `erf` on the gate and multiplies: three full-size temporaries
+//! and, at SD 1.5's 4096 tokens x 1280, about a twentieth of a bf16 UNet step on
+//! AMX. Here one pass reads each row's two halves where they are and writes the
+//! product, with a vector erf (Abramowitz & Stegun 7.1.26: absolute error under
+//! 1.5e-7, the size of f32's own rounding of values near 1, computed as erfc
+//! for negative inputs so small results keep their relative accuracy).
+
+use candle_core::backend::BackendStorage;
+use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
+use rayon::prelude::*;
+
+#[cfg(target_arch = "x86_64")]
+use super::simd::{Avx2, Avx512};
+use super::simd::{Portable, Simd};
+use super::{isa, require, Isa, SharedMut};
+
+/// `h[..., :n] * gelu_erf(h[..., n:])` for `h` [..., 2n] (f32, CPU).
+pub fn geglu(h: &Tensor) -> Result<Tensor> {
+    geglu_on(isa(), h)
+}
+
+/// [`geglu`] on a chosen instruction set (an error if this CPU lacks it).
+pub fn geglu_on(isa: Isa, h: &Tensor) -> Result<Tensor> {
+    require(isa)?;
+    h.contiguous()?.apply_op1_no_bwd(&Geglu { isa })
+}
+
+struct Geglu {
+    isa: Isa,
+}
+
+impl CustomOp1 for Geglu {
+    fn name(&self) -> &'static str {
+        "brume-geglu"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let CpuStorage::F32(data) = s else {
+            candle_core::bail!("geglu takes f32, got {:?}", s.dtype());
+        };
+        let Some((a, b)) = l.contiguous_offsets() else {
+            candle_core::bail!("geglu needs a contiguous input");
+        };
+        let dims = l.dims();
+        let Some(&width) = dims.last() else {
+            candle_core::bail!("geglu of a scalar");
+        };
+        if width % 2 != 0 {
+            candle_core::bail!("geglu: last dimension {width} is odd, so it has no two halves");
+        }
+        let n = width / 2;
+        let x = &data[a..b];
+        let rows = if width == 0 { 0 } else { x.len() / width };
+        let mut out = vec![0f32; rows * n];
+        let mut shape = dims.to_vec();
+        if let Some(last) = shape.last_mut() {
+            *last = n;
+        }
+        if n > 0 {
+            let dst = SharedMut(out.as_mut_ptr());
+            let isa = self.isa;
+            // Rows in chunks of ~64 Ki values, so tasks are neither tiny nor few.
+            let per = (65536 / n).max(1);
+            (0..rows.div_ceil(per)).into_par_iter().for_each(|c| {
+                for r in c * per..((c + 1) * per).min(rows) {
+                    let src = &x[r * width..(r + 1) * width];
+                    // SAFETY: row r of the [rows, n] output, written by this task only;
+                    // the CPU has `isa`'s features (checked in geglu_on).
+                    unsafe {
+                        let d = std::slice::from_raw_parts_mut(dst.get().add(r * n), n);
+                        match isa {
+                            #[cfg(target_arch = "x86_64")]
+                            Isa::Avx512 => row_avx512(src, d),
+                            #[cfg(target_arch = "x86_64")]
+                            Isa::Avx2 => row_avx2(src, d),
+                            _ => row::<Portable>(src, d),
+                        }
+                    }
+                }
+            });
+        }
+        Ok((CpuStorage::F32(out), Shape::from(shape)))
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,fma")]
+unsafe fn row_avx512(src: &[f32], dst: &mut [f32]) {
+    // SAFETY: forwarded from the caller.
+    unsafe { row::<Avx512>(src, dst) }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn row_avx2(src: &[f32], dst: &mut [f32]) {
+    // SAFETY: forwarded from the caller.
+    unsafe { row::<Avx2>(src, dst) }
+}
+
+/// One row: `dst[i] = src[i] * gelu(src[n + i])`, vectors then a scalar tail.
+///
+/// SAFETY: the CPU has `S`'s features; `src` holds 2 * dst.len() values.
+#[inline(always)]
+unsafe fn row<S: Simd>(src: &[f32], dst: &mut [f32]) {
+    let n = dst.len();
+    let l = S::LANES;
+    let mut i = 0;
+    // SAFETY: every load and store covers i..i + LANES <= n of dst, src and src[n..].
+    unsafe {
+        while i + l <= n {
+            let a = S::load(src.as_ptr().add(i));
+            let g = S::load(src.as_ptr().add(n + i));
+            S::store(dst.as_mut_ptr().add(i), S::mul(a, gelu::<S>(g)));
+            i += l;
+        }
+    }
+    for j in i..n {
+        dst[j] = src[j] * gelu_scalar(src[n + j]);
+    }
+}
+
+const A1: f32 = 0.254_829_6;
+const A2: f32 = -0.284_496_74;
+const A3: f32 = 1.421_413_7;
+const A4: f32 = -1.453_152_1;
+const A5: f32 = 1.061_405_4;
+const P: f32 = 0.327_591_1;
+
+/// `0.5 x (1 + erf(x / sqrt 2))` lane by lane.
+///
+/// SAFETY: the CPU has `S`'s features.
+#[inline(always)]
+unsafe fn gelu<S: Simd>(x: S::V) -> S::V {
+    unsafe {
+        let z = S::mul(x, S::splat(std::f32::consts::FRAC_1_SQRT_2));
+        // |z| as max(z, -z); erf is odd, so erf(z) = sign(z) * erf(|z|).
+        let az = S::max(z, S::sub(S::splat(0.0), z));
+        let t = S::div(S::splat(1.0), S::fmadd(az, S::splat(P), S::splat(1.0)));
+        let poly = S::mul(
+            t,
+            S::fmadd(t, S::fmadd(t, S::fmadd(t, S::fmadd(t, S::splat(A5), S::splat(A4)), S::splat(A3)), S::splat(A2)), S::splat(A1)),
+        );
+        // c = erfc|z| = 1 - erf|z|.
+        let c = S::mul(poly, S::exp2(S::mul(S::mul(az, az), S::splat(-std::f32::consts::LOG2_E))));
+        // 0.5 x (1 + sign(x) erf|z|) = 0.5 ((x + |x|) - |x| c): for x < 0 the first term
+        // is exactly 0, so the small result -|x| c / 2 keeps c's relative accuracy
+        // instead of losing it to 1 - erf|z| cancelling.
+        let ax = S::max(x, S::sub(S::splat(0.0), x));
+        S::mul(S::splat(0.5), S::sub(S::add(x, ax), S::mul(ax, c)))
+    }
+}
+
+fn gelu_scalar(x: f32) -> f32 {
+    let az = (x * std::f32::consts::FRAC_1_SQRT_2).abs();
+    let t = 1.0 / (1.0 + P * az);
+    let poly = t * (A1 + t * (A2 + t * (A3 + t * (A4 + t * A5))));
+    let c = poly * (-az * az).exp();
+    0.5 * ((x + x.abs()) - x.abs() * c)
+}

@@ -1,0 +1,32 @@
+//! The fused GEGLU against candle's `a * gelu_erf(gate)` on every instruction set
+//! this CPU runs, with row widths around the vector lengths and large |x| (where
+//! erf saturates) and tiny ones (where gelu is ~x / 2).
+
+use brume::kernels::geglu::geglu_on;
+use brume::kernels::Isa;
+use brume::samplers::Rng;
+use candle_core::{Device, Tensor};
+
+#[test]
+fn geglu_matches_candle_on_every_path() {
+    let dev = Device::Cpu;
+    let mut rng = Rng::new(21);
+    for &(rows, n, gain) in &[(1, 1, 1.0), (3, 7, 1.0), (5, 16, 3.0), (4, 33, 10.0), (2, 1280, 1.0), (77, 40, 1e-3), (9, 100, 6.0)] {
+        let h = (rng.randn(&[rows, 2 * n], &dev).unwrap() * gain).unwrap();
+        let want = (h.narrow(1, 0, n).unwrap() * h.narrow(1, n, n).unwrap().gelu_erf().unwrap()).unwrap();
+        for isa in Isa::all_supported() {
+            let got = geglu_on(isa, &h).unwrap();
+            assert_eq!(got.dims(), want.dims());
+            let diff = (&got - &want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+            // Absolute error against the larger of 1 and the output's size: erf's 1.5e-7
+            // (times |x| / 2), f32 rounding at the scale of the values.
+            let scale = want.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap().max(1.0);
+            assert!(diff / scale <= 1e-6, "{} {rows}x{n} gain {gain}: err {:.2e}", isa.name(), diff / scale);
+        }
+    }
+    // Three-dimensional input (batch, tokens, 2n), as the transformer blocks give it.
+    let h = rng.randn(&[2, 5, 8], &dev).unwrap();
+    let got = geglu_on(Isa::Portable, &h).unwrap();
+    assert_eq!(got.dims(), &[2, 5, 4]);
+    assert!(geglu_on(Isa::Portable, &Tensor::zeros((2, 3), candle_core::DType::F32, &dev).unwrap()).is_err(), "odd width must be refused");
+}
