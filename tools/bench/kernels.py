@@ -33,6 +33,8 @@ def main():
             v = load(folder, f"{name}.v.f32", c["k"])
             scale = c["scale"]
             ops[name] = lambda q=q, k=k, v=v, s=scale: F.scaled_dot_product_attention(q, k, v, scale=s)
+            qb, kb, vb = q.bfloat16(), k.bfloat16(), v.bfloat16()
+            ops[name + ".bf16"] = lambda q=qb, k=kb, v=vb, s=scale: F.scaled_dot_product_attention(q, k, v, scale=s).float()
         elif c["op"] == "linear":
             x = load(folder, f"{name}.x.f32", c["x"])
             w = load(folder, f"{name}.w.f32", c["w"])

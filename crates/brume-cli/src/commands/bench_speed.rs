@@ -403,7 +403,7 @@ pub fn run(a: SpeedArgs) -> anyhow::Result<()> {
             // bf16 rows against the bf16 ceiling where there is one.
             let ceiling = if r.precision.starts_with("bf16") { peak_bf16.unwrap_or(peak) } else { peak };
             println!(
-                "{:<18} {:<10} {:>9.4} {:>9.4} {:>9.4} {:>8.1} {:>5.0}% {:>9.1e}",
+                "{:<18} {:<10} {:>9.4} {:>9.4} {:>9.4} {:>8.1} {:>5.0}% {:>9.2e}",
                 r.variant,
                 r.precision,
                 med,

@@ -22,6 +22,8 @@ use super::{check_bounds, SharedMut};
 
 /// Queries per task and keys per tile: one 2 x 2 block of 16 x 16 tiles.
 const T: usize = 32;
+/// Key tiles per softmax step (128 keys).
+const G: usize = 4;
 
 /// `softmax(q k^T * scale) v` on AMX tiles; the contract of
 /// [`super::flash_attention::flash_attention`] (`q` [b, h, n_q, d], `k` and `v`
@@ -151,7 +153,7 @@ mod imp {
     use super::super::bf16::{pack_pairs, round_into};
     use super::super::simd::{Avx512, Simd};
     use super::super::SharedMut;
-    use super::{Dims, View, T};
+    use super::{Dims, View, G, T};
 
     /// Every head's K as the right factor of Q K^T, per key tile: dp / 2 rows of 32
     /// words (K[j][2p], K[j][2p + 1]) for the tile's keys j; and V as the right factor
@@ -237,78 +239,92 @@ mod imp {
                 qpan[(s * T + r) * T..(s * T + r + 1) * T].copy_from_slice(&rq[s * T..(s + 1) * T]);
             }
         }
-        let mut st = [0f32; T * T];
-        let mut pt = [0u16; T * T];
+        // Scores and probabilities for G key tiles at a time: the softmax's reductions,
+        // the rescale of O and the hand-over between tile stores and vector loads then
+        // happen once per 128 keys, and P V accumulates four K steps in the tiles.
+        let mut st = vec![0f32; T * G * T];
+        let mut pt = vec![0u16; T * G * T];
         let mut ct = [0f32; T * T];
         let mut ot = vec![0f32; T * g.dp];
         let mut m = [f32::NEG_INFINITY; T];
         let mut l = [0f32; T];
         let mut alpha = [0f32; T];
         let last_q = q0 + nvalid - 1;
+        let row = G * T;
         // SAFETY: the caller's grant.
         let _tiles = unsafe { Tiles::configure() };
-        for jt in 0..g.kt {
-            let j0 = jt * T;
+        let mut jt0 = 0;
+        while jt0 < g.kt {
+            let j0 = jt0 * T;
             if causal && j0 > last_q {
                 break;
             }
-            // S = Q K^T for this key tile.
-            // SAFETY: the Q panel holds ks steps of 2 KiB; K's panel of tile jt holds dp / 2
-            // rows of 128 bytes (16 per step); st holds 32 x 32 f32.
-            unsafe {
-                zero();
-                let kpan = kp.as_ptr().add((head * g.kt + jt) * half * T) as *const u8;
-                for s in 0..ks {
-                    step((qpan.as_ptr() as *const u8).add(s * T * T * 2), T * 2, kpan.add(s * 16 * T * 4), T * 4);
-                }
-                store(st.as_mut_ptr() as *mut u8, T * 4);
-            }
-            let keys = T.min(g.nk - j0);
-            // Online softmax per query row (32 scores: two vectors).
-            for r in 0..T {
-                // SAFETY: st and pt hold 32 rows of 32; AVX-512 F, BF16 and BW.
+            let tiles = G.min(g.kt - jt0);
+            // S = Q K^T for these key tiles.
+            for t in 0..tiles {
+                // SAFETY: the Q panel holds ks steps of 2 KiB; K's panel of tile jt0 + t holds
+                // dp / 2 rows of 128 bytes (16 per step); st holds 32 rows of G * 32 f32.
                 unsafe {
-                    let sr = st.as_mut_ptr().add(r * T);
-                    // Keys past n_k, and causally after query q0 + r, are masked.
-                    let visible = if causal { keys.min((q0 + r + 1).saturating_sub(j0)) } else { keys };
-                    let lo_mask: __mmask16 = if visible >= 16 { 0xFFFF } else { (1u16 << visible) - 1 };
-                    let hi_mask: __mmask16 = if visible >= 32 {
-                        0xFFFF
-                    } else if visible > 16 {
-                        (1u16 << (visible - 16)) - 1
-                    } else {
-                        0
-                    };
+                    zero();
+                    let kpan = kp.as_ptr().add((head * g.kt + jt0 + t) * half * T) as *const u8;
+                    for s in 0..ks {
+                        step((qpan.as_ptr() as *const u8).add(s * T * T * 2), T * 2, kpan.add(s * 16 * T * 4), T * 4);
+                    }
+                    store(st.as_mut_ptr().add(t * T) as *mut u8, row * 4);
+                }
+            }
+            let keys = (tiles * T).min(g.nk - j0);
+            // Online softmax per query row over these keys.
+            for r in 0..T {
+                // Keys past n_k, and causally after query q0 + r, are masked.
+                let visible = if causal { keys.min((q0 + r + 1).saturating_sub(j0)) } else { keys };
+                // SAFETY: st and pt hold 32 rows of G * 32; AVX-512 F, BF16 and BW.
+                unsafe {
+                    let sr = st.as_ptr().add(r * row);
                     let ninf = _mm512_set1_ps(f32::NEG_INFINITY);
-                    let s0 = _mm512_mask_loadu_ps(ninf, lo_mask, sr);
-                    let s1 = _mm512_mask_loadu_ps(ninf, hi_mask, sr.add(16));
-                    let mx = _mm512_reduce_max_ps(_mm512_max_ps(s0, s1)).max(m[r]);
+                    let mut v = [ninf; 2 * G];
+                    let mut mxv = ninf;
+                    for (i, x) in v.iter_mut().enumerate().take(2 * tiles) {
+                        let live = visible.saturating_sub(i * 16).min(16);
+                        let mask: __mmask16 = if live == 16 { 0xFFFF } else { (1u16 << live) - 1 };
+                        *x = _mm512_mask_loadu_ps(ninf, mask, sr.add(i * 16));
+                        mxv = _mm512_max_ps(mxv, *x);
+                    }
+                    let mx = _mm512_reduce_max_ps(mxv).max(m[r]);
+                    let prow = pt.as_mut_ptr().add(r * row);
                     if mx == f32::NEG_INFINITY {
                         // Nothing visible yet (cannot happen for a real query: key 0 is
                         // always visible); keep the row empty rather than make NaNs.
                         alpha[r] = 1.0;
-                        std::ptr::write_bytes(pt.as_mut_ptr().add(r * T), 0, T);
+                        std::ptr::write_bytes(prow, 0, row);
                         continue;
                     }
                     let mv = _mm512_set1_ps(mx);
-                    let p0 = Avx512::exp2(_mm512_sub_ps(s0, mv));
-                    let p1 = Avx512::exp2(_mm512_sub_ps(s1, mv));
+                    let mut sum = _mm512_setzero_ps();
+                    for i in 0..tiles {
+                        let p0 = Avx512::exp2(_mm512_sub_ps(v[2 * i], mv));
+                        let p1 = Avx512::exp2(_mm512_sub_ps(v[2 * i + 1], mv));
+                        sum = _mm512_add_ps(sum, _mm512_add_ps(p0, p1));
+                        let bf: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(p1, p0));
+                        _mm512_storeu_si512(prow.add(i * T) as *mut __m512i, bf);
+                    }
                     let a = if m[r] == f32::NEG_INFINITY { 0.0 } else { (m[r] - mx).exp2() };
-                    l[r] = l[r] * a + _mm512_reduce_add_ps(_mm512_add_ps(p0, p1));
+                    l[r] = l[r] * a + _mm512_reduce_add_ps(sum);
                     m[r] = mx;
                     alpha[r] = a;
-                    let bf: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(p1, p0));
-                    _mm512_storeu_si512(pt.as_mut_ptr().add(r * T) as *mut __m512i, bf);
                 }
             }
-            // O = O * alpha + P V, 32 columns of d at a time.
+            // O = O * alpha + P V, 32 columns of d at a time, the key tiles summed in the tiles.
             for pass in 0..passes {
-                // SAFETY: P is one 2 KiB step; V's panel of tile jt, pass `pass` is 16 rows of
-                // 128 bytes; ct holds 32 x 32 f32; ot rows of dp hold columns pass * 32 + 32.
+                // SAFETY: P's step t is 32 rows of 64 bytes, G * 64 bytes apart; V's panel of
+                // tile jt0 + t, pass `pass` is 16 rows of 128 bytes; ct holds 32 x 32 f32; ot
+                // rows of dp hold columns pass * 32 + 32.
                 unsafe {
                     zero();
-                    let vpan = vp.as_ptr().add(((head * g.kt + jt) * passes + pass) * 16 * T) as *const u8;
-                    step(pt.as_ptr() as *const u8, T * 2, vpan, T * 4);
+                    for t in 0..tiles {
+                        let vpan = vp.as_ptr().add(((head * g.kt + jt0 + t) * passes + pass) * 16 * T) as *const u8;
+                        step((pt.as_ptr() as *const u8).add(t * T * 2), row * 2, vpan, T * 4);
+                    }
                     store(ct.as_mut_ptr() as *mut u8, T * 4);
                     for r in 0..T {
                         let o = ot.as_mut_ptr().add(r * g.dp + pass * T);
@@ -321,6 +337,7 @@ mod imp {
                     }
                 }
             }
+            jt0 += tiles;
         }
         // out[b, q0 + r, h, :] = O[r, :d] / l[r]
         let (b, h) = (head / g.heads, head % g.heads);
