@@ -12,8 +12,9 @@
 //!
 //! The head dimension is padded with zeros to a multiple of 32 (SD 1.5's 40 becomes
 //! 64); keys past `n_k` and, for causal attention, keys after a query score -inf.
-//! `--compute bf16` runs it on CPUs with AMX; the error is that of PyTorch's bf16
-//! attention (both factors of each product rounded).
+//! `--compute bf16` runs it on CPUs with AMX when `BRUME_AMX_ATTENTION=on` (see
+//! [`super::amx::attention_enabled`] for why not by default); the error is that of
+//! PyTorch's bf16 attention (both factors of each product rounded).
 
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
