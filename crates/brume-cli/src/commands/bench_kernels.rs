@@ -64,7 +64,8 @@ impl Case {
 
     /// brume's other paths for this op, by name: the im2col + GEMM conv (what
     /// `--kernels reference` runs on mapped weights) and, on a CPU with
-    /// AVX512-BF16, the bf16-product 3x3 conv and GEMM (`--compute bf16`).
+    /// AVX512-BF16, the bf16-product 3x3 conv and GEMM; on a CPU with AMX, the tile
+    /// kernels (what `--compute bf16` runs there).
     fn alternatives(&self) -> Vec<&'static str> {
         let mut v = match &self.op {
             Op::Conv { padding: 1, .. } if brume::kernels::conv3x3_bf16::supported() => vec!["im2col", "bf16"],

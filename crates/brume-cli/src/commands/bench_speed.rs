@@ -39,7 +39,8 @@ pub struct SpeedArgs {
         "torch-bf16".to_string(), "onnxruntime-f32".into(), "openvino-f32".into(), "openvino-bf16".into()])]
     peers: Vec<String>,
     /// brume's modes: `fast` (its kernels, f32), `bf16` (its kernels with bf16
-    /// products, where the CPU has AVX512-BF16) and `reference` (candle's plain ops).
+    /// products on AMX tiles or AVX512-BF16, where the CPU has them) and `reference`
+    /// (candle's plain ops).
     #[arg(long, value_delimiter = ',', default_values_t = ["fast".to_string(), "bf16".into(), "reference".into()])]
     modes: Vec<String>,
     /// Timed runs per variant (after one warm-up), alternated between the variants.
