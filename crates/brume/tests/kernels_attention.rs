@@ -147,9 +147,10 @@ fn mismatched_shapes_are_errors() {
     assert!(flash_attention_on(Isa::Portable, &q, &kd, &kd, 1.0, false).is_err());
 }
 
-/// AMX tiles: both products in bf16 (q, k, v and the probabilities rounded), f32
-/// softmax and sums. Against the reference on the same rounded q, k, v, what is
-/// left is the rounding of the probabilities; against f32, bf16's error.
+/// AMX tiles: both products in bf16 (q, k and v rounded, the probabilities split
+/// into two bf16 halves), f32 softmax and sums. Against the reference on the same
+/// rounded q, k, v, what is left is q's rounding after the softmax scale is folded
+/// in and the order of the sums; against f32, bf16's error.
 #[test]
 fn amx_attention_matches_within_bf16_rounding() {
     use brume::kernels::attention_amx::attention_amx;

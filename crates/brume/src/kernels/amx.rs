@@ -123,13 +123,13 @@ impl PackedPairs {
 }
 
 /// Whether `--compute bf16` also runs attention on the tiles ([`super::attention_amx`]):
-/// AMX and `BRUME_AMX_ATTENTION=on`. Off by default because it does not pay for its
-/// error: on SD 1.5 at 512 px it saves 8 % of a bf16 UNet step (2.82 -> 2.59 s on a
-/// 2-core Xeon) but moves the step's error against f32 from 9.1e-3 to 1.03e-2, past
-/// the 1e-2 that makes a mode count as accurate (PyTorch's bf16 is at 1.7e-2).
+/// AMX, unless `BRUME_AMX_ATTENTION=off`. On SD 1.5 at 512 px it saves about 8 % of a
+/// bf16 UNet step on a 2-core Xeon (2.84-3.06 -> 2.65-2.81 s) and moves the step's
+/// error against f32 from 9.06e-3 to 9.57e-3, inside the 1e-2 that makes a mode count
+/// as accurate (PyTorch's bf16 is at 1.7e-2); the switch is there to compare.
 pub fn attention_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| supported() && std::env::var("BRUME_AMX_ATTENTION").is_ok_and(|v| v == "on" || v == "1"))
+    *ON.get_or_init(|| supported() && !std::env::var("BRUME_AMX_ATTENTION").is_ok_and(|v| v == "off" || v == "0"))
 }
 
 /// `out` [b, o, h, w] = conv3x3(`x`, `weights` [o, c, 3, 3]), padding 1, on AMX.

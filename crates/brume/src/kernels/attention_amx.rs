@@ -12,9 +12,10 @@
 //!
 //! The head dimension is padded with zeros to a multiple of 32 (SD 1.5's 40 becomes
 //! 64); keys past `n_k` and, for causal attention, keys after a query score -inf.
-//! `--compute bf16` runs it on CPUs with AMX when `BRUME_AMX_ATTENTION=on` (see
-//! [`super::amx::attention_enabled`] for why not by default); the error is that of
-//! PyTorch's bf16 attention (both factors of each product rounded).
+//! The probabilities are split into a bf16 value and the bf16 of what it rounded off,
+//! and P V runs on both (a quarter more tile work): P's rounding alone took a bf16 SD
+//! 1.5 step's error past 1e-2. `--compute bf16` runs it on CPUs with AMX (see
+//! [`super::amx::attention_enabled`]); what is left is the rounding of q, k and v.
 
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
@@ -245,6 +246,8 @@ mod imp {
         // happen once per 128 keys, and P V accumulates four K steps in the tiles.
         let mut st = vec![0f32; T * G * T];
         let mut pt = vec![0u16; T * G * T];
+        // What bf16 rounded off P: P V runs on both halves, so P's rounding never reaches O.
+        let mut pl = vec![0u16; T * G * T];
         let mut ct = [0f32; T * T];
         let mut ot = vec![0f32; T * g.dp];
         let mut m = [f32::NEG_INFINITY; T];
@@ -298,6 +301,7 @@ mod imp {
                         // always visible); keep the row empty rather than make NaNs.
                         alpha[r] = 1.0;
                         std::ptr::write_bytes(prow, 0, row);
+                        std::ptr::write_bytes(pl.as_mut_ptr().add(r * row), 0, row);
                         continue;
                     }
                     let mv = _mm512_set1_ps(mx);
@@ -306,8 +310,14 @@ mod imp {
                         let p0 = Avx512::exp2(_mm512_sub_ps(v[2 * i], mv));
                         let p1 = Avx512::exp2(_mm512_sub_ps(v[2 * i + 1], mv));
                         sum = _mm512_add_ps(sum, _mm512_add_ps(p0, p1));
-                        let bf: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(p1, p0));
+                        let hi = _mm512_cvtne2ps_pbh(p1, p0);
+                        let bf: __m512i = std::mem::transmute(hi);
                         _mm512_storeu_si512(prow.add(i * T) as *mut __m512i, bf);
+                        // hi back to f32 (bf16 is f32's top half), and the remainders.
+                        let h0 = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(bf))));
+                        let h1 = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64::<1>(bf))));
+                        let lo: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(_mm512_sub_ps(p1, h1), _mm512_sub_ps(p0, h0)));
+                        _mm512_storeu_si512(pl.as_mut_ptr().add(r * row + i * T) as *mut __m512i, lo);
                     }
                     let a = if m[r] == f32::NEG_INFINITY { 0.0 } else { (m[r] - mx).exp2() };
                     l[r] = l[r] * a + _mm512_reduce_add_ps(sum);
@@ -325,6 +335,7 @@ mod imp {
                     for t in 0..tiles {
                         let vpan = vp.as_ptr().add(((head * g.kt + jt0 + t) * passes + pass) * 16 * T) as *const u8;
                         step((pt.as_ptr() as *const u8).add(t * T * 2), row * 2, vpan, T * 4);
+                        step((pl.as_ptr() as *const u8).add(t * T * 2), row * 2, vpan, T * 4);
                     }
                     store(ct.as_mut_ptr() as *mut u8, T * 4);
                     for r in 0..T {

@@ -75,8 +75,8 @@ pub fn mode() -> KernelMode {
 /// rounds the factors of the 3x3 convolutions, linear layers and 1x1 convolutions
 /// to bf16 (error ~1e-3 relative) and multiplies them on AMX tiles where the CPU
 /// has them ([`amx`]; in-place f32 weights then keep a packed bf16 copy, half their
-/// bytes), else with AVX512-BF16 dot products. Attention and norms stay f32 (AMX
-/// attention, [`attention_amx`], is opt-in: see [`amx::attention_enabled`]).
+/// bytes), else with AVX512-BF16 dot products. On AMX attention's products run on
+/// the tiles too ([`attention_amx`], see [`amx::attention_enabled`]); norms stay f32.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Compute {
     F32,
