@@ -6,10 +6,7 @@
 mod common;
 
 use brume::kernels::{set_compute, Compute};
-use brume::loading::diffusers::open_component;
-use brume::models::{UNet2DConditionModel, UNetConfig};
-use candle_core::{DType, Device};
-use common::{fixtures, rel_err, Io};
+use common::rel_err;
 
 #[test]
 fn unet_on_amx_tiles_matches_diffusers_and_reuses_its_packed_weights() {
@@ -17,14 +14,8 @@ fn unet_on_amx_tiles_matches_diffusers_and_reuses_its_packed_weights() {
         eprintln!("no AMX on this CPU (or BRUME_AMX=off): AMX UNet not run");
         return;
     }
-    let dir = fixtures().join("parity").join("unet_sd1");
-    let io = Io::open(dir.join("io.safetensors"));
-    let model_dir = dir.join("model");
-    let cfg = UNetConfig::from_file(&model_dir.join("config.json")).unwrap();
-    let store = open_component(&model_dir, None).unwrap();
-    let unet = UNet2DConditionModel::load(&store, &cfg, &Device::Cpu, DType::F32).unwrap();
-    let ts: Vec<f32> = io.f32("in.timestep").to_vec1().unwrap();
-    let run = || unet.forward(&io.f32("in.sample"), &ts, &io.f32("in.encoder_hidden_states"), None).unwrap();
+    let (unet, io) = common::unet_fixture("unet_sd1");
+    let run = || common::unet_forward(&unet, &io);
     let f32_out = run();
     set_compute(Compute::Bf16).unwrap();
     let first = run();

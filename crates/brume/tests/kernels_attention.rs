@@ -27,15 +27,20 @@ struct Case {
     q_gain: f64,
 }
 
-fn check(c: &Case, seed: u64) {
+/// A case's q, k, v from `seed`, with the softmax scale and mask: queries and values
+/// laid out as the models make them ([b, n, h, d] viewed as [b, h, n, d]).
+fn inputs(c: &Case, seed: u64) -> (Tensor, Tensor, Tensor, f64, AttentionMask) {
     let dev = Device::Cpu;
     let mut rng = Rng::new(seed);
-    // Queries laid out as the models make them: [b, n, h, d] viewed as [b, h, n, d].
     let q = (rng.randn(&[c.b, c.nq, c.h, c.d], &dev).unwrap() * c.q_gain).unwrap().transpose(1, 2).unwrap();
     let k = rng.randn(&[c.b, c.h, c.nk, c.d], &dev).unwrap();
     let v = rng.randn(&[c.b, c.nk, c.h, c.d], &dev).unwrap().transpose(1, 2).unwrap();
-    let scale = (c.d as f64).powf(-0.5);
     let mask = if c.causal { AttentionMask::Causal } else { AttentionMask::None };
+    (q, k, v, (c.d as f64).powf(-0.5), mask)
+}
+
+fn check(c: &Case, seed: u64) {
+    let (q, k, v, scale, mask) = inputs(c, seed);
     let want = attention_reference(&q, &k, &v, scale, mask).unwrap();
     // Scores are rounded to f32 in both paths before the exponential, so their
     // outputs legitimately differ by about eps * |score| relative: 1e-5 holds for
@@ -158,13 +163,7 @@ fn amx_attention_matches_within_bf16_rounding() {
         eprintln!("no AMX on this CPU (or BRUME_AMX=off): AMX attention not run");
         return;
     }
-    let dev = Device::Cpu;
-    let round = |t: &Tensor| {
-        t.to_dtype(candle_core::DType::BF16)
-            .unwrap()
-            .to_dtype(candle_core::DType::F32)
-            .unwrap()
-    };
+    let round = |t: &Tensor| t.to_dtype(candle_core::DType::BF16).unwrap().to_dtype(candle_core::DType::F32).unwrap();
     let cases = [
         case(1, 1, 1, 1, 1),
         case(2, 3, 17, 17, 7),
@@ -173,77 +172,28 @@ fn amx_attention_matches_within_bf16_rounding() {
         case(2, 8, 100, 77, 40),
         case(1, 1, 300, 300, 160),
         case(1, 1, 64, 513, 33),
-        Case {
-            causal: true,
-            ..case(2, 12, 77, 77, 64)
-        },
-        Case {
-            causal: true,
-            ..case(1, 3, 129, 129, 33)
-        },
-        Case {
-            q_gain: 40.0,
-            ..case(1, 2, 100, 300, 40)
-        },
+        Case { causal: true, ..case(2, 12, 77, 77, 64) },
+        Case { causal: true, ..case(1, 3, 129, 129, 33) },
+        Case { q_gain: 40.0, ..case(1, 2, 100, 300, 40) },
     ];
     for (i, c) in cases.iter().enumerate() {
-        let mut rng = Rng::new(400 + i as u64);
-        let q = (rng.randn(&[c.b, c.nq, c.h, c.d], &dev).unwrap() * c.q_gain)
-            .unwrap()
-            .transpose(1, 2)
-            .unwrap();
-        let k = rng.randn(&[c.b, c.h, c.nk, c.d], &dev).unwrap();
-        let v = rng
-            .randn(&[c.b, c.nk, c.h, c.d], &dev)
-            .unwrap()
-            .transpose(1, 2)
-            .unwrap();
-        let scale = (c.d as f64).powf(-0.5);
-        let mask = if c.causal {
-            AttentionMask::Causal
-        } else {
-            AttentionMask::None
-        };
+        let (q, k, v, scale, mask) = inputs(c, 400 + i as u64);
         let got = attention_amx(&q, &k, &v, scale, c.causal).unwrap();
         let rounded = attention_reference(&round(&q), &round(&k), &round(&v), scale, mask).unwrap();
         let full = attention_reference(&q, &k, &v, scale, mask).unwrap();
         assert_eq!(got.dims(), full.dims());
-        let what = format!(
-            "b{} h{} nq{} nk{} d{} causal {} gain {}",
-            c.b, c.h, c.nq, c.nk, c.d, c.causal, c.q_gain
-        );
+        let what = format!("b{} h{} nq{} nk{} d{} causal {} gain {}", c.b, c.h, c.nq, c.nk, c.d, c.causal, c.q_gain);
         // Peaked scores (gain 40, scores of several hundred) turn bf16's rounding of q
         // (scaled first here) into whole units of score, so the softmax may pick a
         // neighbouring key: the bound there is loose, but the output must stay finite
         // and a convex combination of v's rows.
         let peaked = c.q_gain > 1.0;
         let e = rel_err(&got, &rounded);
-        assert!(
-            e <= if peaked { 0.15 } else { 1e-2 },
-            "{what}: {e:.2e} vs the rounded reference"
-        );
+        assert!(e <= if peaked { 0.15 } else { 1e-2 }, "{what}: {e:.2e} vs the rounded reference");
         let e = rel_err(&got, &full);
-        assert!(
-            e.is_finite() && e <= if peaked { 0.2 } else { 2e-2 },
-            "{what}: {e:.2e} vs f32"
-        );
-        let vmax = round(&v)
-            .abs()
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap();
-        let gmax = got
-            .abs()
-            .unwrap()
-            .max_all()
-            .unwrap()
-            .to_scalar::<f32>()
-            .unwrap();
-        assert!(
-            gmax <= vmax * 1.01,
-            "{what}: |out| {gmax} beyond max |v| {vmax}"
-        );
+        assert!(e.is_finite() && e <= if peaked { 0.2 } else { 2e-2 }, "{what}: {e:.2e} vs f32");
+        let vmax = round(&v).abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        let gmax = got.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+        assert!(gmax <= vmax * 1.01, "{what}: |out| {gmax} beyond max |v| {vmax}");
     }
 }

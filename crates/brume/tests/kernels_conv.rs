@@ -116,8 +116,45 @@ fn linear_kernel_many_shapes() {
     }
 }
 
-/// bf16 products, f32 sums: against candle's f32 conv of the bf16-rounded factors,
-/// the only difference left is the order of the sums.
+/// candle's f32 tensor rounded to bf16 and back: the factors the bf16 kernels multiply.
+fn round_bf16(t: &Tensor) -> Tensor {
+    t.to_dtype(candle_core::DType::BF16).unwrap().to_dtype(candle_core::DType::F32).unwrap()
+}
+
+/// A bf16-product 3x3 conv against candle's f32 conv of the bf16-rounded factors (the
+/// only difference left is the order of the sums) and against the f32 conv itself.
+fn check_rounded_conv(conv: impl Fn(&Tensor, &Tensor) -> candle_core::Result<Tensor>, shapes: &[(usize, usize, usize, usize, usize)], seed: u64) {
+    let dev = Device::Cpu;
+    let mut rng = Rng::new(seed);
+    for &(b, c, o, h, w) in shapes {
+        let x = rng.randn(&[b, c, h, w], &dev).unwrap();
+        let k = rng.randn(&[o, c, 3, 3], &dev).unwrap();
+        let got = conv(&x, &k).unwrap();
+        let want = round_bf16(&x).conv2d(&round_bf16(&k), 1, 1, 1, 1).unwrap();
+        let err = rel_err(&got, &want);
+        assert!(err <= 1e-5, "{:?}: rel err {err:.2e} vs the rounded f32 conv", (b, c, o, h, w));
+        // And against the f32 conv itself: bf16's rounding of both factors.
+        let full = x.conv2d(&k, 1, 1, 1, 1).unwrap();
+        assert!(rel_err(&got, &full) <= 2e-2, "{:?}", (b, c, o, h, w));
+    }
+}
+
+/// A bf16-product `a w^T` against candle's product of the rounded factors and the f32 one.
+fn check_rounded_linear(linear: impl Fn(&Tensor, &Tensor) -> candle_core::Result<Tensor>, shapes: &[(usize, usize, usize)], seed: u64) {
+    let dev = Device::Cpu;
+    let mut rng = Rng::new(seed);
+    for &(m, k, n) in shapes {
+        let a = rng.randn(&[m, k], &dev).unwrap();
+        let w = rng.randn(&[n, k], &dev).unwrap();
+        let got = linear(&a, &w).unwrap();
+        let want = round_bf16(&a).matmul(&round_bf16(&w).t().unwrap()).unwrap();
+        let err = rel_err(&got, &want);
+        assert!(err <= 1e-5, "{:?}: rel err {err:.2e} vs the rounded f32 product", (m, k, n));
+        assert!(rel_err(&got, &a.matmul(&w.t().unwrap()).unwrap()) <= 2e-2, "{:?}", (m, k, n));
+    }
+}
+
+/// bf16 products, f32 sums (`vdpbf16ps`).
 #[test]
 fn conv3x3_bf16_matches_the_rounded_f32_conv() {
     use brume::kernels::conv3x3_bf16::{conv3x3_bf16, supported};
@@ -125,10 +162,7 @@ fn conv3x3_bf16_matches_the_rounded_f32_conv() {
         eprintln!("no AVX512-BF16 on this CPU: bf16 conv not run");
         return;
     }
-    let dev = Device::Cpu;
-    let mut rng = Rng::new(14);
-    let round = |t: &Tensor| t.to_dtype(candle_core::DType::BF16).unwrap().to_dtype(candle_core::DType::F32).unwrap();
-    for &(b, c, o, h, w) in &[
+    let shapes = [
         (1, 1, 1, 1, 1),
         (1, 3, 5, 4, 7),
         (2, 4, 6, 8, 8),
@@ -139,17 +173,8 @@ fn conv3x3_bf16_matches_the_rounded_f32_conv() {
         (2, 71, 13, 8, 8),
         (2, 36, 7, 16, 16),
         (1, 5, 6, 3, 72),
-    ] {
-        let x = rng.randn(&[b, c, h, w], &dev).unwrap();
-        let k = rng.randn(&[o, c, 3, 3], &dev).unwrap();
-        let got = conv3x3_bf16(&x, &k).unwrap();
-        let want = round(&x).conv2d(&round(&k), 1, 1, 1, 1).unwrap();
-        let err = rel_err(&got, &want);
-        assert!(err <= 1e-5, "{:?}: rel err {err:.2e} vs the rounded f32 conv", (b, c, o, h, w));
-        // And against the f32 conv itself: bf16's rounding of both factors.
-        let full = x.conv2d(&k, 1, 1, 1, 1).unwrap();
-        assert!(rel_err(&got, &full) <= 2e-2, "{:?}", (b, c, o, h, w));
-    }
+    ];
+    check_rounded_conv(conv3x3_bf16, &shapes, 14);
 }
 
 #[test]
@@ -160,19 +185,9 @@ fn linear_bf16_matches_the_rounded_f32_product() {
         eprintln!("no AVX512-BF16 on this CPU: bf16 GEMM not run");
         return;
     }
-    let dev = Device::Cpu;
-    let mut rng = Rng::new(15);
-    let round = |t: &Tensor| t.to_dtype(candle_core::DType::BF16).unwrap().to_dtype(candle_core::DType::F32).unwrap();
     // k odd and past one 256-value panel, n with and without vector tails, m under a block.
-    for &(m, k, n) in &[(1, 1, 1), (5, 7, 3), (6, 16, 16), (77, 64, 64), (130, 301, 257), (49, 33, 40), (300, 320, 33), (13, 640, 96)] {
-        let a = rng.randn(&[m, k], &dev).unwrap();
-        let w = rng.randn(&[n, k], &dev).unwrap();
-        let got = linear_bf16(&a, &w).unwrap();
-        let want = round(&a).matmul(&round(&w).t().unwrap()).unwrap();
-        let err = rel_err(&got, &want);
-        assert!(err <= 1e-5, "{:?}: rel err {err:.2e} vs the rounded f32 product", (m, k, n));
-        assert!(rel_err(&got, &a.matmul(&w.t().unwrap()).unwrap()) <= 2e-2, "{:?}", (m, k, n));
-    }
+    let shapes = [(1, 1, 1), (5, 7, 3), (6, 16, 16), (77, 64, 64), (130, 301, 257), (49, 33, 40), (300, 320, 33), (13, 640, 96)];
+    check_rounded_linear(linear_bf16, &shapes, 15);
 }
 
 #[test]
@@ -211,28 +226,8 @@ fn conv3x3_amx_matches_the_rounded_f32_conv() {
         eprintln!("no AMX on this CPU (or BRUME_AMX=off): AMX conv not run");
         return;
     }
-    let dev = Device::Cpu;
-    let mut rng = Rng::new(17);
-    let round = |t: &Tensor| t.to_dtype(candle_core::DType::BF16).unwrap().to_dtype(candle_core::DType::F32).unwrap();
-    for &(b, c, o, h, w) in &[
-        (1, 1, 1, 1, 1),
-        (1, 3, 5, 4, 7),
-        (2, 32, 32, 8, 8),
-        (1, 33, 40, 9, 17),
-        (2, 64, 19, 16, 16),
-        (1, 96, 64, 5, 64),
-        (2, 71, 33, 8, 8),
-        (1, 320, 320, 24, 24),
-    ] {
-        let x = rng.randn(&[b, c, h, w], &dev).unwrap();
-        let k = rng.randn(&[o, c, 3, 3], &dev).unwrap();
-        let got = conv3x3_amx(&x, &k).unwrap();
-        let want = round(&x).conv2d(&round(&k), 1, 1, 1, 1).unwrap();
-        let err = rel_err(&got, &want);
-        assert!(err <= 1e-5, "{:?}: rel err {err:.2e} vs the rounded f32 conv", (b, c, o, h, w));
-        let full = x.conv2d(&k, 1, 1, 1, 1).unwrap();
-        assert!(rel_err(&got, &full) <= 2e-2, "{:?}", (b, c, o, h, w));
-    }
+    let shapes = [(1, 1, 1, 1, 1), (1, 3, 5, 4, 7), (2, 32, 32, 8, 8), (1, 33, 40, 9, 17), (2, 64, 19, 16, 16), (1, 96, 64, 5, 64), (2, 71, 33, 8, 8), (1, 320, 320, 24, 24)];
+    check_rounded_conv(conv3x3_amx, &shapes, 17);
 }
 
 #[test]
@@ -242,22 +237,9 @@ fn gemm_amx_matches_the_rounded_f32_product() {
         eprintln!("no AMX on this CPU (or BRUME_AMX=off): AMX GEMM not run");
         return;
     }
-    let dev = Device::Cpu;
-    let mut rng = Rng::new(18);
-    let round = |t: &Tensor| t.to_dtype(candle_core::DType::BF16).unwrap().to_dtype(candle_core::DType::F32).unwrap();
     // Every tail: m, n, k below, at and past a 32 block; k odd; SD's 320 -> 1280 width.
-    for &(m, k, n) in &[(1, 1, 1), (5, 7, 3), (32, 32, 32), (77, 64, 64), (130, 301, 257), (49, 33, 40), (300, 320, 33), (64, 320, 1280)] {
-        let a = rng.randn(&[m, k], &dev).unwrap();
-        let w = rng.randn(&[n, k], &dev).unwrap();
-        let got = linear_amx(&a, &w).unwrap();
-        let want = round(&a).matmul(&round(&w).t().unwrap()).unwrap();
-        let err = rel_err(&got, &want);
-        assert!(err <= 1e-5, "linear {:?}: rel err {err:.2e} vs the rounded f32 product", (m, k, n));
-        // The [k, n] layout of B (a 1x1 conv's activations): w [m, k] x x [k, n].
-        let x = rng.randn(&[k, n], &dev).unwrap();
-        let got = conv1x1_amx(&a, &x).unwrap();
-        let want = round(&a).matmul(&round(&x)).unwrap();
-        let err = rel_err(&got, &want);
-        assert!(err <= 1e-5, "1x1 {:?}: rel err {err:.2e} vs the rounded f32 product", (m, k, n));
-    }
+    let shapes = [(1, 1, 1), (5, 7, 3), (32, 32, 32), (77, 64, 64), (130, 301, 257), (49, 33, 40), (300, 320, 33), (64, 320, 1280)];
+    check_rounded_linear(linear_amx, &shapes, 18);
+    // The [k, n] layout of B (a 1x1 conv's activations): a [m, k] x x [k, n], as a linear of x^T.
+    check_rounded_linear(|a, w| conv1x1_amx(a, &w.t()?.contiguous()?), &shapes, 19);
 }

@@ -6,11 +6,9 @@ mod common;
 
 use brume::kernels::{mode, set_mode, KernelMode};
 use brume::layers::{attention, attention_reference, AttentionMask, GroupNorm};
-use brume::loading::diffusers::open_component;
-use brume::models::{UNet2DConditionModel, UNetConfig};
 use brume::samplers::Rng;
-use candle_core::{DType, Device, Tensor};
-use common::{assert_close, fixtures, rel_err, Io};
+use candle_core::{Device, Tensor};
+use common::{assert_close, rel_err};
 
 fn bit_equal(a: &Tensor, b: &Tensor) -> bool {
     let f = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
@@ -18,15 +16,8 @@ fn bit_equal(a: &Tensor, b: &Tensor) -> bool {
 }
 
 fn unet_sd1() -> (Tensor, Tensor) {
-    let dir = fixtures().join("parity").join("unet_sd1");
-    let io = Io::open(dir.join("io.safetensors"));
-    let model_dir = dir.join("model");
-    let cfg = UNetConfig::from_file(&model_dir.join("config.json")).unwrap();
-    let store = open_component(&model_dir, None).unwrap();
-    let unet = UNet2DConditionModel::load(&store, &cfg, &Device::Cpu, DType::F32).unwrap();
-    let ts: Vec<f32> = io.f32("in.timestep").to_vec1().unwrap();
-    let out = unet.forward(&io.f32("in.sample"), &ts, &io.f32("in.encoder_hidden_states"), None).unwrap();
-    (out, io.f32("out.sample"))
+    let (unet, io) = common::unet_fixture("unet_sd1");
+    (common::unet_forward(&unet, &io), io.f32("out.sample"))
 }
 
 #[test]

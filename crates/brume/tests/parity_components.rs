@@ -5,8 +5,8 @@ mod common;
 
 use brume::loading::diffusers::open_component;
 use brume::models::{
-    AutoencoderKLConfig, AutoencoderTinyConfig, ClipTextConfig, ClipTextModel, TinyDecoder, TinyEncoder,
-    UNet2DConditionModel, UNetConfig, VaeDecoder, VaeEncoder,
+    AutoencoderKLConfig, AutoencoderTinyConfig, ClipTextConfig, ClipTextModel, TinyDecoder, TinyEncoder, VaeDecoder,
+    VaeEncoder,
 };
 use candle_core::{DType, Device};
 use common::{assert_close, fixtures, Io};
@@ -39,18 +39,8 @@ fn clip_sd2_gelu() {
 }
 
 fn unet_case(case: &str) {
-    let dir = fixtures().join("parity").join(case);
-    let io = Io::open(dir.join("io.safetensors"));
-    let model_dir = dir.join("model");
-    let cfg = UNetConfig::from_file(&model_dir.join("config.json")).unwrap();
-    let store = open_component(&model_dir, None).unwrap();
-    let unet = UNet2DConditionModel::load(&store, &cfg, &Device::Cpu, DType::F32).unwrap();
-    let ts: Vec<f32> = io.f32("in.timestep").to_vec1().unwrap();
-    let cond = io.has("in.timestep_cond").then(|| io.f32("in.timestep_cond"));
-    let out = unet
-        .forward(&io.f32("in.sample"), &ts, &io.f32("in.encoder_hidden_states"), cond.as_ref())
-        .unwrap();
-    assert_close(case, &out, &io.f32("out.sample"), TOL);
+    let (unet, io) = common::unet_fixture(case);
+    assert_close(case, &common::unet_forward(&unet, &io), &io.f32("out.sample"), TOL);
 }
 
 #[test]

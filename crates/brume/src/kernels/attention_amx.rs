@@ -17,10 +17,10 @@
 //! 1.5 step's error past 1e-2. `--compute bf16` runs it on CPUs with AMX (see
 //! [`super::amx::attention_enabled`]); what is left is the rounding of q, k and v.
 
-use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
 
-use super::{check_bounds, SharedMut};
+use super::flash_attention::{checked_inputs, strides3};
+use super::SharedMut;
 
 /// Queries per task and keys per tile: one 2 x 2 block of 16 x 16 tiles.
 const T: usize = 32;
@@ -49,20 +49,6 @@ pub fn attention_amx(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, causal: boo
 struct AmxAttention {
     scale: f32,
     causal: bool,
-}
-
-fn f32_slice<'a>(s: &'a CpuStorage, what: &str) -> Result<&'a [f32]> {
-    match s {
-        CpuStorage::F32(v) => Ok(v),
-        other => candle_core::bail!("AMX attention takes f32 {what}, got {:?}", other.dtype()),
-    }
-}
-
-fn strides3(l: &Layout, what: &str) -> Result<[usize; 3]> {
-    match l.stride() {
-        &[b, h, n, 1] => Ok([b, h, n]),
-        s => candle_core::bail!("AMX attention: {what} needs a unit last stride, got {s:?}"),
-    }
 }
 
 /// One input's pointer (at its start offset) and batch, head and token strides.
@@ -108,22 +94,11 @@ impl CustomOp3 for AmxAttention {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let (q, k, v) = (f32_slice(s1, "queries")?, f32_slice(s2, "keys")?, f32_slice(s3, "values")?);
-        let (b, h, nq, d) = l1.shape().dims4()?;
-        let (kb, kh, nk, kd) = l2.shape().dims4()?;
-        if (kb, kh, kd) != (b, h, d) || l3.shape().dims4()? != (b, h, nk, d) {
-            candle_core::bail!("AMX attention shapes disagree: q {:?}, k {:?}, v {:?}", l1.dims(), l2.dims(), l3.dims());
-        }
+        let (q, k, v, (b, h, nq, nk, d)) = checked_inputs((s1, l1), (s2, l2), (s3, l3))?;
         let out_shape = Shape::from((b, nq, h, d));
         if b * h * nq * d == 0 {
             return Ok((CpuStorage::F32(vec![0.0; out_shape.elem_count()]), out_shape));
         }
-        if nk == 0 {
-            candle_core::bail!("AMX attention over zero keys");
-        }
-        check_bounds(q.len(), l1)?;
-        check_bounds(k.len(), l2)?;
-        check_bounds(v.len(), l3)?;
         // SAFETY (all three): start offsets lie inside their buffers (check_bounds).
         let (qv, kv, vv) = unsafe {
             (

@@ -107,15 +107,39 @@ impl Scratch {
 fn f32_slice<'a>(s: &'a CpuStorage, what: &str) -> Result<&'a [f32]> {
     match s {
         CpuStorage::F32(v) => Ok(v),
-        other => candle_core::bail!("flash attention takes f32 {what}, got {:?}", other.dtype()),
+        other => candle_core::bail!("attention takes f32 {what}, got {:?}", other.dtype()),
     }
 }
 
-fn strides3(l: &Layout, what: &str) -> Result<[usize; 3]> {
+pub(super) fn strides3(l: &Layout, what: &str) -> Result<[usize; 3]> {
     match l.stride() {
         &[b, h, n, 1] => Ok([b, h, n]),
-        s => candle_core::bail!("flash attention: {what} needs a unit last stride, got {s:?}"),
+        s => candle_core::bail!("attention: {what} needs a unit last stride, got {s:?}"),
     }
+}
+
+/// q [b, h, n_q, d], k and v [b, h, n_k, d] as f32 slices, their sizes checked against
+/// each other and every view against its buffer: (q, k, v, (b, h, n_q, n_k, d)).
+/// Shared by the fused kernels.
+#[allow(clippy::type_complexity)]
+pub(super) fn checked_inputs<'a>(
+    (s1, l1): (&'a CpuStorage, &Layout),
+    (s2, l2): (&'a CpuStorage, &Layout),
+    (s3, l3): (&'a CpuStorage, &Layout),
+) -> Result<(&'a [f32], &'a [f32], &'a [f32], (usize, usize, usize, usize, usize))> {
+    let (q, k, v) = (f32_slice(s1, "queries")?, f32_slice(s2, "keys")?, f32_slice(s3, "values")?);
+    let (b, h, nq, d) = l1.shape().dims4()?;
+    let (kb, kh, nk, kd) = l2.shape().dims4()?;
+    if (kb, kh, kd) != (b, h, d) || l3.shape().dims4()? != (b, h, nk, d) {
+        candle_core::bail!("attention shapes disagree: q {:?}, k {:?}, v {:?}", l1.dims(), l2.dims(), l3.dims());
+    }
+    if nk == 0 && b * h * nq * d > 0 {
+        candle_core::bail!("attention over zero keys");
+    }
+    check_bounds(q.len(), l1)?;
+    check_bounds(k.len(), l2)?;
+    check_bounds(v.len(), l3)?;
+    Ok((q, k, v, (b, h, nq, nk, d)))
 }
 
 impl CustomOp3 for FlashAttention {
@@ -132,27 +156,11 @@ impl CustomOp3 for FlashAttention {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let (q, k, v) = (f32_slice(s1, "queries")?, f32_slice(s2, "keys")?, f32_slice(s3, "values")?);
-        let (b, h, nq, d) = l1.shape().dims4()?;
-        let (kb, kh, nk, kd) = l2.shape().dims4()?;
-        if (kb, kh, kd) != (b, h, d) || l3.shape().dims4()? != (b, h, nk, d) {
-            candle_core::bail!(
-                "flash attention shapes disagree: q {:?}, k {:?}, v {:?}",
-                l1.dims(),
-                l2.dims(),
-                l3.dims()
-            );
-        }
+        let (q, k, v, (b, h, nq, nk, d)) = checked_inputs((s1, l1), (s2, l2), (s3, l3))?;
         let out_shape = Shape::from((b, nq, h, d));
         if b * h * nq * d == 0 {
             return Ok((CpuStorage::F32(vec![0.0; out_shape.elem_count()]), out_shape));
         }
-        if nk == 0 {
-            candle_core::bail!("flash attention over zero keys");
-        }
-        check_bounds(q.len(), l1)?;
-        check_bounds(k.len(), l2)?;
-        check_bounds(v.len(), l3)?;
         let mut out = vec![0f32; out_shape.elem_count()];
         let views = Views {
             // SAFETY (all three): start offsets lie inside their buffers (check_bounds).

@@ -14,6 +14,24 @@ pub fn fixtures() -> PathBuf {
     PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../fixtures"))
 }
 
+/// A UNet parity fixture (`fixtures/parity/CASE`): the model, f32 on the CPU, and its io.
+pub fn unet_fixture(case: &str) -> (brume::models::UNet2DConditionModel, Io) {
+    use brume::models::{UNet2DConditionModel, UNetConfig};
+    let dir = fixtures().join("parity").join(case);
+    let model_dir = dir.join("model");
+    let cfg = UNetConfig::from_file(&model_dir.join("config.json")).unwrap();
+    let store = brume::loading::diffusers::open_component(&model_dir, None).unwrap();
+    let unet = UNet2DConditionModel::load(&store, &cfg, &Device::Cpu, DType::F32).unwrap();
+    (unet, Io::open(dir.join("io.safetensors")))
+}
+
+/// The fixture's inputs through `unet` (with its timestep condition when it has one).
+pub fn unet_forward(unet: &brume::models::UNet2DConditionModel, io: &Io) -> Tensor {
+    let ts: Vec<f32> = io.f32("in.timestep").to_vec1().unwrap();
+    let cond = io.has("in.timestep_cond").then(|| io.f32("in.timestep_cond"));
+    unet.forward(&io.f32("in.sample"), &ts, &io.f32("in.encoder_hidden_states"), cond.as_ref()).unwrap()
+}
+
 /// A fixture's `io.safetensors`: inputs `in.*`, references `out.*`.
 pub struct Io(Arc<SafetensorsFile>);
 
