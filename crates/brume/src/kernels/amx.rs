@@ -200,6 +200,7 @@ pub fn conv3x3_scratch_bytes(batch: usize, in_ch: usize, out_ch: usize, h: usize
 
 /// Sizes of the packed operands of one 3x3 conv.
 #[derive(Debug, Clone, Copy)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 struct ConvGeom {
     /// Channel pairs, padded to whole K tiles (16 pairs).
     cpp: usize,
@@ -226,6 +227,7 @@ impl ConvGeom {
 /// Output rows and columns per register block (2 x 2 tiles of 16).
 const BLOCK: usize = 32;
 /// Bytes of A panels a task keeps hot while it sweeps B (about half an L2).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const A_PANELS_BYTES: usize = 1 << 20;
 
 #[cfg(target_arch = "x86_64")]

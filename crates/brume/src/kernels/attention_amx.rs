@@ -25,6 +25,7 @@ use super::SharedMut;
 /// Queries per task and keys per tile: one 2 x 2 block of 16 x 16 tiles.
 const T: usize = 32;
 /// Key tiles per softmax step (128 keys).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const G: usize = 4;
 
 /// `softmax(q k^T * scale) v` on AMX tiles; the contract of
@@ -53,11 +54,13 @@ struct AmxAttention {
 
 /// One input's pointer (at its start offset) and batch, head and token strides.
 #[derive(Clone, Copy)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 struct View {
     p: *const f32,
     s: [usize; 3],
 }
 
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 impl View {
     /// Row `i` of head `bh` (= batch * heads + head).
     ///
@@ -69,6 +72,7 @@ impl View {
 
 /// The sizes of one call.
 #[derive(Clone, Copy)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 struct Dims {
     heads: usize,
     nq: usize,

@@ -47,6 +47,7 @@ pub(crate) fn run(x: &[f32], d: Dims, weights: &[f32], out: &mut [f32]) -> Resul
 }
 
 /// As [`run`] with `vdpbf16ps` on zmm registers, whatever else the CPU has.
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
 pub(crate) fn run_vector(x: &[f32], d: Dims, weights: &[f32], out: &mut [f32]) -> Result<()> {
     if !supported() {
         candle_core::bail!("bf16 compute needs a CPU with AVX512-BF16");
@@ -125,6 +126,7 @@ unsafe fn fill_rows(img: &[f32], d: Dims, y: usize, sw: usize, rows: &mut [u32])
 
 /// The flat layout (see [`Flat`]): the input once as zero-bordered planes of bf16
 /// pairs, then blocks of flat positions x channel blocks.
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
 fn run_flat(x: &[f32], d: Dims, pairs: &[u32], out: &mut [f32], flat: Flat) {
     let Dims { batch, in_ch: c, out_ch: o, h, w } = d;
     let cp = c.div_ceil(2);

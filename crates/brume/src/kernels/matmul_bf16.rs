@@ -20,6 +20,7 @@ use super::matmul::{check, BLayout, Split};
 use super::SharedMut;
 
 /// Rows of A per register block (as in [`super::matmul`], whose task split this uses).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const MR: usize = 6;
 const L: usize = 16;
 const NR: usize = 2 * L;
@@ -42,6 +43,7 @@ pub(crate) fn gemm(m: usize, n: usize, k: usize, a: &[f32], lda: usize, b: &[f32
 
 /// As [`gemm`] with `vdpbf16ps` on zmm registers, whatever else the CPU has.
 #[allow(clippy::too_many_arguments)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
 pub(crate) fn gemm_vector(m: usize, n: usize, k: usize, a: &[f32], lda: usize, b: &[f32], bl: BLayout, dst: &mut [f32]) -> Result<()> {
     if !supported() {
         candle_core::bail!("bf16 compute needs a CPU with AVX512-BF16");

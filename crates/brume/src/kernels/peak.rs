@@ -95,6 +95,7 @@ unsafe fn chains<S: Simd>(time: Duration) -> f64 {
 /// Measured bf16 dot-product throughput (`vdpbf16ps`, 32 multiply-adds per
 /// instruction into f32) of all of rayon's threads, in GFLOP/s; `None` on a CPU
 /// without AVX512-BF16. What `--compute bf16` rows are quoted against.
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
 pub fn peak_bf16_gflops(time: Duration) -> Option<f64> {
     if !super::conv3x3_bf16::supported() {
         return None;
