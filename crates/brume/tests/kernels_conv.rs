@@ -243,3 +243,21 @@ fn gemm_amx_matches_the_rounded_f32_product() {
     // The [k, n] layout of B (a 1x1 conv's activations): a [m, k] x x [k, n], as a linear of x^T.
     check_rounded_linear(|a, w| conv1x1_amx(a, &w.t()?.contiguous()?), &shapes, 19);
 }
+
+/// Empty products on AMX: no rows, no columns, or k = 0 (a zero output), never a panic.
+#[test]
+fn gemm_amx_takes_empty_factors() {
+    use brume::kernels::amx::{linear_amx, supported};
+    if !supported() {
+        eprintln!("no AMX on this CPU (or BRUME_AMX=off): AMX GEMM not run");
+        return;
+    }
+    let dev = Device::Cpu;
+    for &(m, k, n) in &[(0, 4, 3), (3, 4, 0), (3, 0, 5)] {
+        let a = Tensor::zeros((m, k), candle_core::DType::F32, &dev).unwrap();
+        let w = Tensor::ones((n, k), candle_core::DType::F32, &dev).unwrap();
+        let got = linear_amx(&a, &w).unwrap();
+        assert_eq!(got.dims(), &[m, n]);
+        assert!(got.flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().all(|&v| v == 0.0));
+    }
+}

@@ -86,7 +86,9 @@ impl PackedRows {
         if m > 0 && k > 0 && (lda < k || a.len() < (m - 1) * lda + k) {
             candle_core::bail!("gemm amx: A of {} values is too short for {m}x{k} (row stride {lda})", a.len());
         }
-        Ok(Self { data: imp::pack_rows(a, m, k, lda), m, k })
+        // An empty factor packs to nothing (the product is empty or zero).
+        let data = if m == 0 || k == 0 { Vec::new() } else { imp::pack_rows(a, m, k, lda) };
+        Ok(Self { data, m, k })
     }
 
     pub fn bytes(&self) -> usize {
@@ -114,7 +116,8 @@ impl PackedPairs {
         if !ok {
             candle_core::bail!("gemm amx: B of {} values is too short for {k}x{n} ({bl:?})", b.len());
         }
-        Ok(Self { data: imp::pack_pairs_of(b, k, n, bl), k, n })
+        let data = if k == 0 || n == 0 { Vec::new() } else { imp::pack_pairs_of(b, k, n, bl) };
+        Ok(Self { data, k, n })
     }
 
     pub fn bytes(&self) -> usize {
