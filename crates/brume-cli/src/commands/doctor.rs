@@ -28,6 +28,10 @@ fn cpu_features() -> Vec<&'static str> {
         if std::arch::is_x86_feature_detected!("avx512bf16") {
             f.push("avx512bf16");
         }
+        // CPU support and the OS's grant of the tile state: what `--compute bf16` runs on.
+        if brume::kernels::amx::supported() {
+            f.push("amx-bf16");
+        }
     }
     #[cfg(target_arch = "aarch64")]
     {

@@ -50,7 +50,7 @@ fn require() -> Result<()> {
 /// A 3x3 kernel [o, c, 3, 3] rounded to bf16 and laid out for the tiles: tap-major
 /// rows `wt[(tap * op + oc) * k2 + ch]`, zero past o and c. Half the f32 kernel's
 /// bytes; the layers keep one per in-place weight (see [`crate::layers::mapped`]) so
-/// a UNet step does not repack 1.7 GB of SD 1.5 weights.
+/// a UNet step does not repack its weights (1.7 GB of bf16 for SD 1.5).
 pub struct PackedConv3x3 {
     wt: Vec<u16>,
     out_ch: usize,
