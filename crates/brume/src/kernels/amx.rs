@@ -364,15 +364,17 @@ pub(super) mod imp {
     /// GFLOP/s of this thread running `tdpbf16ps` on four independent accumulators
     /// from tiles already loaded (no memory traffic) for about `time`.
     pub(super) fn tile_rate(time: std::time::Duration) -> f64 {
-        let (a, b) = (vec![0x3A83u16; 16 * 32], vec![0x3A83u16; 16 * 32]);
+        // One K step in the panel layouts the kernels use: A 32 rows of 64 bytes, B 16
+        // rows of 128 bytes (two 16-column tiles side by side), 2 KiB each.
+        let (a, b) = (vec![0x3A83u16; BLOCK * BLOCK], vec![0x3A83u16; BLOCK * BLOCK]);
         let start = std::time::Instant::now();
         let mut iters = 0usize;
-        // SAFETY: `enable` granted the tiles (the caller checked `supported`); the loads
-        // read 16 rows of 64 bytes from a and b.
+        // SAFETY: `enable` granted the tiles (the caller checked `supported`); `step`
+        // reads 32 rows of 64 bytes from a and 16 rows of 128 bytes from b: 2 KiB each.
         unsafe {
             let _tiles = Tiles::configure();
             zero();
-            step(a.as_ptr() as *const u8, 64 / 16, b.as_ptr() as *const u8, 64);
+            step(a.as_ptr() as *const u8, BLOCK * 2, b.as_ptr() as *const u8, BLOCK * 4);
             while start.elapsed() < time {
                 for _ in 0..256 {
                     asm!(
