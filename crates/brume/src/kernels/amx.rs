@@ -23,7 +23,7 @@
 
 use candle_core::Result;
 
-use super::conv3x3::Dims;
+use super::conv3x3::{Dims, Flat};
 use super::matmul::BLayout;
 
 /// Whether this process can run the AMX kernels: the CPU has AMX-TILE and AMX-BF16
@@ -194,11 +194,11 @@ pub(crate) fn tile_rate(time: std::time::Duration) -> Result<f64> {
     Ok(imp::tile_rate(time))
 }
 
-/// Bytes of scratch a 3x3 conv takes on AMX beyond its output: the packed input
-/// (channel pairs padded to 16, zero-bordered planes) and the packed weights.
-pub fn conv3x3_scratch_bytes(batch: usize, in_ch: usize, out_ch: usize, h: usize, w: usize) -> usize {
-    let g = ConvGeom::new(in_ch, out_ch, h, w);
-    batch * g.cpp * g.plane * 4 + 9 * g.op * g.k2 * 2
+/// Bytes of the packed input a 3x3 conv makes on AMX (channel pairs padded to 16,
+/// zero-bordered planes); the packed weights are the layer's (see [`PackedConv3x3`]).
+pub fn conv3x3_input_bytes(batch: usize, in_ch: usize, h: usize, w: usize) -> usize {
+    let g = ConvGeom::new(in_ch, 0, h, w);
+    g.flat.bytes(batch, g.cpp)
 }
 
 /// Sizes of the packed operands of one 3x3 conv.
@@ -211,19 +211,14 @@ struct ConvGeom {
     k2: usize,
     /// Output channels padded to whole blocks.
     op: usize,
-    pitch: usize,
-    /// Blocks of 32 flat positions covering h * pitch.
-    blocks: usize,
-    /// Words per packed input plane: every block's farthest tap included.
-    plane: usize,
+    /// The input's flat layout in blocks of 32 positions.
+    flat: Flat,
 }
 
 impl ConvGeom {
     fn new(c: usize, o: usize, h: usize, w: usize) -> Self {
         let cpp = c.div_ceil(2).div_ceil(16) * 16;
-        let pitch = w + 2;
-        let blocks = (h * pitch).div_ceil(BLOCK);
-        Self { cpp, k2: 2 * cpp, op: o.div_ceil(BLOCK) * BLOCK, pitch, blocks, plane: blocks * BLOCK + 2 * pitch + 2 }
+        Self { cpp, k2: 2 * cpp, op: o.div_ceil(BLOCK) * BLOCK, flat: Flat::new(h, w, BLOCK) }
     }
 }
 
@@ -240,7 +235,7 @@ pub(super) mod imp {
     use rayon::prelude::*;
 
     use super::super::bf16::{pack_pairs, round_into};
-    use super::super::conv3x3::{Dims, Flat};
+    use super::super::conv3x3::Dims;
     use super::super::matmul::BLayout;
     use super::super::SharedMut;
     use super::{ConvGeom, A_PANELS_BYTES, BLOCK};
@@ -424,42 +419,26 @@ pub(super) mod imp {
     pub(super) fn conv3x3(x: &[f32], d: Dims, wt: &[u16], out: &mut [f32]) {
         let Dims { batch, in_ch: c, out_ch: o, h, w } = d;
         let g = ConvGeom::new(c, o, h, w);
-        let cp = c.div_ceil(2);
         // Input: per image, cpp planes of pair words in the flat layout, zero-bordered.
-        let mut xp = vec![0u32; batch * g.cpp * g.plane];
-        xp.par_chunks_mut(g.plane).enumerate().for_each(|(plane, dst)| {
-            let (n, p) = (plane / g.cpp, plane % g.cpp);
-            if p >= cp {
-                return;
-            }
-            let img = &x[n * c * h * w..(n + 1) * c * h * w];
-            for y in 0..h {
-                let lo = &img[((2 * p) * h + y) * w..((2 * p) * h + y + 1) * w];
-                let hi = (2 * p + 1 < c).then(|| &img[((2 * p + 1) * h + y) * w..((2 * p + 1) * h + y + 1) * w]);
-                let at = (y + 1) * g.pitch + 1;
-                // SAFETY: AVX-512 F and BW (implied by AMX's check of AVX512-BF16);
-                // the row's w words from `at` lie inside the plane ((h + 2) * pitch <= plane).
-                unsafe { pack_pairs(lo, hi, dst.as_mut_ptr().add(at)) };
-            }
-        });
-        let flat = Flat { pitch: g.pitch, blocks: g.blocks, plane: g.plane };
+        let xp = super::super::conv3x3_bf16::pack_flat_pairs(x, d, g.flat, g.cpp);
+        let flat = g.flat;
         let obs = g.op / BLOCK;
         // Output-channel bands whose packed weights (9 taps x 32 rows x k2 each) stay in L2.
         let ob_band = (A_PANELS_BYTES / (9 * BLOCK * g.k2 * 2)).clamp(1, obs);
         let oc_tasks = obs.div_ceil(ob_band);
-        let pb_band = bands(g.blocks, batch * oc_tasks, g.blocks);
-        let p_tasks = g.blocks.div_ceil(pb_band);
+        let pb_band = bands(flat.blocks, batch * oc_tasks, flat.blocks);
+        let p_tasks = flat.blocks.div_ceil(pb_band);
         let dst = SharedMut(out.as_mut_ptr());
         let xp = &xp;
         (0..batch * oc_tasks * p_tasks).into_par_iter().for_each(|t| {
             let (n, rest) = (t / (oc_tasks * p_tasks), t % (oc_tasks * p_tasks));
             let (ot, pt) = (rest / p_tasks, rest % p_tasks);
-            let img = &xp[n * g.cpp * g.plane..(n + 1) * g.cpp * g.plane];
+            let img = &xp[n * g.cpp * flat.plane..(n + 1) * g.cpp * flat.plane];
             let obr = ot * ob_band..((ot + 1) * ob_band).min(obs);
-            let pbr = pt * pb_band..((pt + 1) * pb_band).min(g.blocks);
+            let pbr = pt * pb_band..((pt + 1) * pb_band).min(flat.blocks);
             // SAFETY: `enable` granted the tiles; the task writes only image n's output
             // channels of `obr` at the flat positions of `pbr`, disjoint from other tasks.
-            unsafe { conv_task(img, wt, g, flat, d, n, obr, pbr, dst) };
+            unsafe { conv_task(img, wt, g, d, n, obr, pbr, dst) };
         });
     }
 
@@ -499,15 +478,14 @@ pub(super) mod imp {
         img: &[u32],
         wt: &[u16],
         g: ConvGeom,
-        flat: Flat,
         d: Dims,
         n: usize,
         obr: std::ops::Range<usize>,
         pbr: std::ops::Range<usize>,
         dst: SharedMut,
     ) {
-        let (o, h, w) = (d.out_ch, d.h, d.w);
-        let (lda, ldb) = (g.k2 * 2, g.plane * 4);
+        let (o, h, w, flat) = (d.out_ch, d.h, d.w, g.flat);
+        let (lda, ldb) = (g.k2 * 2, flat.plane * 4);
         let kq = g.cpp / 16;
         let mut tile = [0f32; BLOCK * BLOCK];
         // SAFETY: the caller's grant.
@@ -521,7 +499,7 @@ pub(super) mod imp {
                 unsafe {
                     zero();
                     for tap in 0..9 {
-                        let off = (tap / 3) * g.pitch + tap % 3;
+                        let off = (tap / 3) * flat.pitch + tap % 3;
                         let arow = wt.as_ptr().add((tap * g.op + m0) * g.k2) as *const u8;
                         let bcol = img.as_ptr().add(p0 + off) as *const u8;
                         for q in 0..kq {
@@ -595,11 +573,10 @@ pub(super) mod imp {
         bp
     }
 
-    /// `dst [m, n]` from packed A (whole row blocks of kp values) and B (kp / 2 rows of np words).
+    /// `dst [m, n]` from packed A and B panels (see `pack_rows`, `pack_pairs_of`).
     pub(super) fn gemm(m: usize, n: usize, k: usize, ap: &[u16], bp: &[u32], dst: &mut [f32]) {
         let kp = k.div_ceil(BLOCK) * BLOCK;
         let (mb, nb) = (m.div_ceil(BLOCK), n.div_ceil(BLOCK));
-        let np = nb * BLOCK;
         let ib_band = (A_PANELS_BYTES / (BLOCK * kp * 2)).clamp(1, mb);
         let i_tasks = mb.div_ceil(ib_band);
         let jb_band = bands(nb, i_tasks, nb);
@@ -611,17 +588,16 @@ pub(super) mod imp {
             let jbr = jt * jb_band..((jt + 1) * jb_band).min(nb);
             // SAFETY: tiles granted; the task writes only rows of `ibr` x columns of
             // `jbr` of the m x n output, disjoint from other tasks.
-            unsafe { gemm_task(ap, bp, m, n, kp, np, ibr, jbr, out) };
+            unsafe { gemm_task(ap, bp, m, n, kp, ibr, jbr, out) };
         });
     }
 
     /// Row blocks `ibr` x column blocks `jbr` of the m x n output.
     ///
-    /// SAFETY: AMX tiles granted; `ap` holds whole row blocks of kp bf16 values,
-    /// `bp` kp / 2 rows of np words; `out` is the m x n output.
+    /// SAFETY: AMX tiles granted; `ap` and `bp` are the panels of `pack_rows` and
+    /// `pack_pairs_of` for m x kp and kp x n; `out` is the m x n output.
     #[allow(clippy::too_many_arguments)]
-    unsafe fn gemm_task(ap: &[u16], bp: &[u32], m: usize, n: usize, kp: usize, np: usize, ibr: std::ops::Range<usize>, jbr: std::ops::Range<usize>, out: SharedMut) {
-        let _ = np;
+    unsafe fn gemm_task(ap: &[u16], bp: &[u32], m: usize, n: usize, kp: usize, ibr: std::ops::Range<usize>, jbr: std::ops::Range<usize>, out: SharedMut) {
         let ks = kp / BLOCK;
         // Panels (see pack_rows, pack_pairs_of): A tile rows 64 bytes apart, B's 128.
         let (lda, ldb) = (BLOCK * 2, BLOCK * 4);

@@ -61,6 +61,14 @@ pub(crate) struct Flat {
 }
 
 impl Flat {
+    /// The flat layout of an h x w map in blocks of `xb` positions, whatever it wastes
+    /// (the AMX conv runs every map this way).
+    pub(crate) fn new(h: usize, w: usize, xb: usize) -> Self {
+        let pitch = w + 2;
+        let blocks = (h * pitch).div_ceil(xb);
+        Self { pitch, blocks, plane: blocks * xb + 2 * pitch + 2 }
+    }
+
     /// `Some` when the flat layout computes at least a tenth fewer lanes than the row
     /// layout with blocks of `xb` pixels and its copy of the input (`channels` planes
     /// per image: the input channels for f32, the channel pairs for bf16) stays small.
@@ -68,11 +76,9 @@ impl Flat {
         if w.is_multiple_of(xb) || h == 0 || w == 0 {
             return None;
         }
-        let pitch = w + 2;
-        let blocks = (h * pitch).div_ceil(xb);
-        let flat = Self { pitch, blocks, plane: blocks * xb + 2 * pitch + 2 };
+        let flat = Self::new(h, w, xb);
         let row_lanes = h * w.div_ceil(xb) * xb;
-        (blocks * xb * 10 <= row_lanes * 9 && flat.bytes(batch, channels) <= FLAT_SCRATCH_MAX).then_some(flat)
+        (flat.blocks * xb * 10 <= row_lanes * 9 && flat.bytes(batch, channels) <= FLAT_SCRATCH_MAX).then_some(flat)
     }
 
     /// Bytes of the zero-bordered copy of `batch` images of `channels` planes
@@ -105,8 +111,12 @@ impl Flat {
 
 /// Bytes of scratch a 3x3 conv of `channels` input channels over `batch` maps of
 /// h x w takes beyond its output with this CPU's kernels (the flat layout's copy;
-/// the row layout's three rows per thread are too small to count).
+/// the row layout's three rows per thread are too small to count; on AMX, the
+/// packed input every map takes).
 pub fn scratch_bytes(batch: usize, channels: usize, h: usize, w: usize) -> usize {
+    if super::amx_for(candle_core::DType::F32) {
+        return super::amx::conv3x3_input_bytes(batch, channels, h, w);
+    }
     let xb = 2 * lanes(isa());
     Flat::plan(batch, channels, h, w, xb).map_or(0, |f| f.bytes(batch, channels))
 }

@@ -124,23 +124,27 @@ unsafe fn fill_rows(img: &[f32], d: Dims, y: usize, sw: usize, rows: &mut [u32])
     }
 }
 
-/// The flat layout (see [`Flat`]): the input once as zero-bordered planes of bf16
-/// pairs, then blocks of flat positions x channel blocks.
+/// The input as `planes` zero-bordered planes of bf16 pair words per image in the flat
+/// layout `flat` (channel 2p low, 2p + 1 high; planes past the channels stay zero):
+/// what this kernel's flat path and the AMX conv read.
 #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
-fn run_flat(x: &[f32], d: Dims, pairs: &[u32], out: &mut [f32], flat: Flat) {
-    let Dims { batch, in_ch: c, out_ch: o, h, w } = d;
+pub(super) fn pack_flat_pairs(x: &[f32], d: Dims, flat: Flat, planes: usize) -> Vec<u32> {
+    let Dims { in_ch: c, h, w, batch, .. } = d;
     let cp = c.div_ceil(2);
-    let mut padded = vec![0u32; batch * cp * flat.plane];
+    let mut padded = vec![0u32; batch * planes * flat.plane];
     padded.par_chunks_mut(flat.plane).enumerate().for_each(|(plane, dst)| {
-        let (n, p) = (plane / cp, plane % cp);
+        let (n, p) = (plane / planes, plane % planes);
+        if p >= cp {
+            return;
+        }
         let img = &x[n * c * h * w..(n + 1) * c * h * w];
         for y in 0..h {
             let lo = &img[((2 * p) * h + y) * w..((2 * p) * h + y + 1) * w];
             let hi = (2 * p + 1 < c).then(|| &img[((2 * p + 1) * h + y) * w..((2 * p + 1) * h + y + 1) * w]);
             let at = (y + 1) * flat.pitch + 1;
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: AVX512-BF16 implies F and BW (checked by `run`); the plane has
-            // (h + 2) * pitch <= plane words, so w words from `at` fit.
+            // SAFETY: the callers checked AVX512-BF16, which implies F and BW; the plane
+            // has (h + 2) * pitch <= plane words, so w words from `at` fit.
             unsafe {
                 pack_pairs(lo, hi, dst.as_mut_ptr().add(at))
             }
@@ -148,6 +152,16 @@ fn run_flat(x: &[f32], d: Dims, pairs: &[u32], out: &mut [f32], flat: Flat) {
             let _ = (lo, hi, at, &dst);
         }
     });
+    padded
+}
+
+/// The flat layout (see [`Flat`]): the input once as zero-bordered planes of bf16
+/// pairs, then blocks of flat positions x channel blocks.
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+fn run_flat(x: &[f32], d: Dims, pairs: &[u32], out: &mut [f32], flat: Flat) {
+    let Dims { batch, in_ch: c, out_ch: o, .. } = d;
+    let cp = c.div_ceil(2);
+    let padded = pack_flat_pairs(x, d, flat, cp);
     let split = RowTasks::new(batch, flat.blocks, o.div_ceil(OB));
     let dst = SharedMut(out.as_mut_ptr());
     let padded = &padded;

@@ -133,6 +133,13 @@ pub fn fast_for(dtype: DType) -> bool {
     mode() == KernelMode::Fast && dtype == DType::F32
 }
 
+/// Whether CPU tensors of `dtype` take the AMX kernels: [`fast_for`], bf16 compute
+/// and a CPU with AMX. One rule for the layers (which then keep packed bf16 weights)
+/// and the memory estimator, which must count them.
+pub fn amx_for(dtype: DType) -> bool {
+    fast_for(dtype) && compute() == Compute::Bf16 && amx::supported()
+}
+
 /// Whether attention on the CPU runs the fused kernel, whatever the input dtype
 /// (it computes in f32): fast mode on a CPU where it pays ([`attention_pays`]).
 pub fn fused_attention_on_cpu() -> bool {

@@ -50,10 +50,6 @@ impl std::fmt::Debug for AmxWeight {
     }
 }
 
-/// Whether the layers run AMX tiles now: brume's kernels, bf16 compute, a CPU with AMX.
-fn amx_on() -> bool {
-    fast() && crate::kernels::compute() == crate::kernels::Compute::Bf16 && crate::kernels::amx::supported()
-}
 
 impl MappedF32 {
     /// `Some` when `t` can be used in place: stored as F32, 4-byte aligned,
@@ -261,7 +257,7 @@ impl CustomOp1 for LinearOp<'_> {
             candle_core::bail!("mapped linear: input width {k} but weight is {:?}", self.w.shape());
         }
         let mut dst = vec![0f32; rows * n];
-        if let (View::Mapped(m), true) = (self.w, amx_on()) {
+        if let (View::Mapped(m), true) = (self.w, crate::kernels::amx_for(candle_core::DType::F32)) {
             use crate::kernels::amx::{gemm_packed, PackedPairs, PackedRows};
             let AmxWeight::Pairs(w) = m.amx(|w| Ok(AmxWeight::Pairs(PackedPairs::new(w, k, n, crate::kernels::matmul::BLayout::NK { ld: k })?)))? else {
                 candle_core::bail!("mapped linear: weight {:?} was packed for another op", m.shape);
@@ -331,7 +327,7 @@ impl CustomOp1 for ConvOp<'_> {
         let hw = ho * wo;
         let geom = ConvGeom { b, c, h, w, kh, kw, s, p, ho, wo };
         let mut dst = vec![0f32; b * o * hw];
-        if let (View::Mapped(m), true) = (self.w, amx_on()) {
+        if let (View::Mapped(m), true) = (self.w, crate::kernels::amx_for(candle_core::DType::F32)) {
             if conv_amx_cached(x, geom, m, o, &mut dst)? {
                 return Ok((CpuStorage::F32(dst), Shape::from((b, o, ho, wo))));
             }

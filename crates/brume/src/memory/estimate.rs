@@ -79,10 +79,7 @@ pub fn segment_weights(model: &SdModel, seg: Segment, dtype: DType) -> SegmentWe
     let mut w = SegmentWeights::default();
     // Under `--compute bf16` on AMX, each in-place f32 conv and linear weight keeps a
     // bf16 copy packed for the tiles (layers::mapped): half its bytes, private.
-    let amx_copies = dtype == DType::F32
-        && crate::kernels::fast_for(dtype)
-        && crate::kernels::compute() == crate::kernels::Compute::Bf16
-        && crate::kernels::amx::supported();
+    let amx_copies = crate::kernels::amx_for(dtype);
     for (name, t) in model.store(component).iter() {
         if !prefixes.is_empty() && !prefixes.iter().any(|p| name.starts_with(p)) {
             continue;
