@@ -214,6 +214,15 @@ def progress(start, deadline, step, max_steps):
     return (time.time() - start) / max(1e-6, deadline - start)
 
 
+def autocast(a):
+    """bf16 autocast for a training forward pass when `--bf16` asks for it.
+
+    Weights, optimizer state and losses stay fp32; only the convolutions and matmuls run in bf16. On a CPU with
+    AVX512-BF16 that is 1.3x faster for the VAE and ~1.1x for the UNet, time the budget turns into more steps.
+    """
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.bf16)
+
+
 def stage_running(start, deadline, step, max_steps):
     if max_steps:
         return step < max_steps
@@ -401,8 +410,9 @@ def stage_vae(a, budget, D, work):
         else:
             batch = images[idx]
         x = to_tensor(batch)
-        dist = vae.encode(x).latent_dist
-        y = vae.decode(dist.sample()).sample
+        with autocast(a):
+            dist = vae.encode(x).latent_dist
+            y = vae.decode(dist.sample()).sample.float()
         l1 = (y - x).abs().mean()
         l2 = (y - x).pow(2).mean()
         edge = (gx(y) - gx(x)).abs().mean() + (gy(y) - gy(x)).abs().mean()
@@ -694,7 +704,8 @@ def stage_unet(a, budget, D, lat_mean, lat_std, sf, work, te):
         zt = abar.sqrt() * z + (1 - abar).sqrt() * noise
         if not frozen:
             h = te(ids).last_hidden_state
-        pred = unet(zt, t, h).sample
+        with autocast(a):
+            pred = unet(zt, t, h).sample.float()
         snr = abar.flatten() / (1 - abar.flatten())
         w = torch.clamp(snr, max=a.min_snr) / snr if a.min_snr > 0 else torch.ones_like(snr)
         mse = (pred - noise).pow(2).mean((1, 2, 3))
@@ -910,6 +921,8 @@ def parse_args():
     p.add_argument("--world-bin", default=None, help="brume-world binary (built with cargo if not given)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--bf16", action="store_true",
+                   help="bf16 autocast for the VAE and UNet training passes (LCM distillation stays fp32: its Huber c is 1e-3)")
     p.add_argument("--size", type=int, default=128)
     p.add_argument("--count", type=int, default=24000, help="training images")
     p.add_argument("--data-seed", type=int, default=0, help="dataset stream seed (shard i uses data_seed+i)")
@@ -949,7 +962,8 @@ def parse_args():
                    help="text encoder learning rate during the UNet stage, relative to --unet-lr (0: frozen, outputs cached)")
     p.add_argument("--unet-channels", type=lambda s: [int(x) for x in s.split(",")], default=[32, 64, 128])
     p.add_argument("--unet-layers", type=int, default=1)
-    p.add_argument("--unet-heads", type=int, default=4)
+    p.add_argument("--unet-heads", type=int, default=4,
+                   help="attention heads per transformer (run 7 used 1: head dim = channels; 4 heads of dim 8-32 spend 40 %% of a CPU step in attention)")
     p.add_argument("--unet-groups", type=int, default=8)
     p.add_argument("--unet-lr", type=float, default=5e-4)
     p.add_argument("--unet-batch", type=int, default=32)
