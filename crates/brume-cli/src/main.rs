@@ -24,7 +24,7 @@ struct Cli {
     kernels: String,
     /// What the CPU kernels multiply in: `f32`, or `bf16` (convolutions' and linear
     /// layers' factors rounded to bf16, f32 sums; on AMX tiles where the CPU has them, else
-    /// AVX512-BF16; ~1e-3 relative error per layer). On AMX, in-place f32 weights keep a
+    /// AVX512-BF16; ~1e-3 relative error per layer). In-place f32 weights then keep a
     /// packed bf16 copy (half their bytes, private memory).
     #[arg(long, global = true, default_value = "f32", value_parser = ["f32", "bf16"])]
     compute: String,

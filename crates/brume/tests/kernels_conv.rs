@@ -190,6 +190,23 @@ fn linear_bf16_matches_the_rounded_f32_product() {
     check_rounded_linear(linear_bf16, &shapes, 15);
 }
 
+/// The forms the layers keep under `--compute bf16` without AMX: a linear weight
+/// rounded once into column strips (k past one 256-value panel, so a strip spans
+/// several of the task's K steps), a 1x1 kernel rounded once into pair rows, and a
+/// 3x3 kernel rounded once into its channel-pair table.
+#[test]
+fn prepacked_bf16_weights_match_the_rounded_f32_products() {
+    use brume::kernels::conv3x3_bf16::supported;
+    use brume::kernels::matmul_bf16::{conv1x1_bf16_prepacked, linear_bf16_prepacked};
+    if !supported() {
+        eprintln!("no AVX512-BF16 on this CPU: packed bf16 weights not run");
+        return;
+    }
+    let shapes = [(1, 1, 1), (5, 7, 3), (6, 16, 16), (77, 64, 64), (130, 301, 257), (49, 33, 40), (300, 320, 33), (13, 640, 96), (7, 1281, 70)];
+    check_rounded_linear(linear_bf16_prepacked, &shapes, 20);
+    check_rounded_linear(|a, w| conv1x1_bf16_prepacked(a, &w.t()?.contiguous()?), &shapes, 21);
+}
+
 #[test]
 fn layers_follow_the_compute_precision() {
     use brume::kernels::conv3x3_bf16::supported;

@@ -1,10 +1,13 @@
 //! The layers' matrix product with bf16 products and f32 sums (AVX512-BF16).
 //!
 //! [`super::matmul`]'s block (6 rows of A x 2 vectors of B's columns in registers)
-//! with `vdpbf16ps`: pairs run along k, so A is rounded once per call into a table
-//! of (A[i][2p], A[i][2p + 1]) words — adjacent values, half A's f32 size — and each
-//! task packs B's panel as pairs (B[2p][j], B[2p + 1][j]) per column. Sums are f32;
-//! the error is bf16's rounding of the two factors, as in [`super::conv3x3_bf16`].
+//! with `vdpbf16ps`: pairs run along k, so A is rounded into a table of (A[i][2p],
+//! A[i][2p + 1]) words — adjacent values, half A's f32 size — and B into panels of
+//! pairs (B[2p][j], B[2p + 1][j]) per column. A weight on either side can be rounded
+//! once and kept by its layer ([`PackedPairRows`] for a 1x1 conv's kernel,
+//! [`PackedStrips`] for a linear layer's); activations are rounded per call. Sums
+//! are f32; the error is bf16's rounding of the two factors, as in
+//! [`super::conv3x3_bf16`].
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
@@ -41,33 +44,166 @@ pub(crate) fn gemm(m: usize, n: usize, k: usize, a: &[f32], lda: usize, b: &[f32
     gemm_vector(m, n, k, a, lda, b, bl, dst)
 }
 
+fn require() -> Result<()> {
+    if supported() {
+        Ok(())
+    } else {
+        candle_core::bail!("bf16 compute needs a CPU with AVX512-BF16")
+    }
+}
+
+/// A left factor A [m, k] rounded to bf16 pairs along k: `kp = ceil(k / 2)` words
+/// per row, the last high half zero past an odd k.
+pub struct PackedPairRows {
+    data: Vec<u32>,
+    m: usize,
+    k: usize,
+}
+
+impl PackedPairRows {
+    /// `a[i * lda + kk]` for i < m, kk < k.
+    pub fn new(a: &[f32], m: usize, k: usize, lda: usize) -> Result<Self> {
+        require()?;
+        if m > 0 && k > 0 && (lda < k || a.len() < (m - 1) * lda + k) {
+            candle_core::bail!("gemm bf16: A of {} values is too short for {m}x{k} (row stride {lda})", a.len());
+        }
+        let kp = k.div_ceil(2);
+        let mut data = vec![0u32; m * kp];
+        if kp > 0 {
+            data.par_chunks_mut(kp).enumerate().for_each(|(i, row)| {
+                let src = &a[i * lda..i * lda + k];
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: AVX512-BF16 checked above; the row's kp words hold k >= 2 * kp - 1
+                // values (the last high half, past an odd k, stays zero).
+                unsafe {
+                    round_into(src, row.as_mut_ptr() as *mut u16)
+                }
+                #[cfg(not(target_arch = "x86_64"))]
+                let _ = (src, &row);
+            });
+        }
+        Ok(Self { data, m, k })
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.data.len() * 4
+    }
+}
+
+/// A right factor B [k, n] rounded to pairs and cut into the panels the tasks read:
+/// for each strip of NR columns, `kp` rows of NR pair words (B[2p][j] low, B[2p + 1][j]
+/// high), zero past n and k. Packed once, it saves every task its panel copy, which
+/// for the text encoder's 77-row products cost as much as the products.
+pub struct PackedStrips {
+    data: Vec<u32>,
+    k: usize,
+    n: usize,
+}
+
+impl PackedStrips {
+    pub(crate) fn new(b: &[f32], k: usize, n: usize, bl: BLayout) -> Result<Self> {
+        require()?;
+        let ok = k == 0
+            || n == 0
+            || match bl {
+                BLayout::KN { ld } => ld >= n && b.len() >= (k - 1) * ld + n,
+                BLayout::NK { ld } => ld >= k && b.len() >= (n - 1) * ld + k,
+            };
+        if !ok {
+            candle_core::bail!("gemm bf16: B of {} values is too short for {k}x{n} ({bl:?})", b.len());
+        }
+        let kp = k.div_ceil(2);
+        let mut data = vec![0u32; n.div_ceil(NR) * kp * NR];
+        if kp > 0 {
+            data.par_chunks_mut(kp * NR).enumerate().for_each(|(s, strip)| {
+                let (j0, w) = (s * NR, NR.min(n - s * NR));
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: AVX512-BF16 checked above; the strip holds kp rows of NR words.
+                unsafe {
+                    pack_panel(b, bl, k, j0, w, 0, kp, strip)
+                }
+                #[cfg(not(target_arch = "x86_64"))]
+                let _ = (j0, w, &strip);
+            });
+        }
+        Ok(Self { data, k, n })
+    }
+
+    /// A linear layer's weight W [n, k] (row-major) as the right factor W^T.
+    pub fn of_linear(w: &[f32], n: usize, k: usize) -> Result<Self> {
+        Self::new(w, k, n, BLayout::NK { ld: k })
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.data.len() * 4
+    }
+}
+
+/// Where the tasks find B's panels.
+#[derive(Clone, Copy)]
+enum Right<'a> {
+    /// In memory as f32: each task rounds its panel as it goes.
+    Raw { b: &'a [f32], bl: BLayout },
+    /// Already rounded and cut ([`PackedStrips`]).
+    Strips(&'a PackedStrips),
+}
+
 /// As [`gemm`] with `vdpbf16ps` on zmm registers, whatever else the CPU has.
 #[allow(clippy::too_many_arguments)]
-#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
 pub(crate) fn gemm_vector(m: usize, n: usize, k: usize, a: &[f32], lda: usize, b: &[f32], bl: BLayout, dst: &mut [f32]) -> Result<()> {
-    if !supported() {
-        candle_core::bail!("bf16 compute needs a CPU with AVX512-BF16");
-    }
+    require()?;
     if !check(m, n, k, a, lda, b, bl, dst)? {
         return Ok(());
     }
-    let kp = k.div_ceil(2);
-    // A as bf16 pairs along k, zero past k.
-    let mut ap = vec![0u32; m * kp];
-    ap.par_chunks_mut(kp).enumerate().for_each(|(i, row)| {
-        let src = &a[i * lda..i * lda + k];
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: AVX512-BF16 checked above; the row's kp words hold k >= 2 * kp - 1
-        // values (the last high half, past an odd k, stays zero).
-        unsafe {
-            round_into(src, row.as_mut_ptr() as *mut u16)
+    run(&PackedPairRows::new(a, m, k, lda)?, n, Right::Raw { b, bl }, dst)
+}
+
+/// `dst [m, n] = A B` for B [k, n] in memory with A already rounded (a 1x1 conv's
+/// kernel, kept by its layer).
+pub(crate) fn gemm_packed_a(a: &PackedPairRows, n: usize, b: &[f32], bl: BLayout, dst: &mut [f32]) -> Result<()> {
+    require()?;
+    let k = a.k;
+    let b_ok = k == 0
+        || n == 0
+        || match bl {
+            BLayout::KN { ld } => ld >= n && b.len() >= (k - 1) * ld + n,
+            BLayout::NK { ld } => ld >= k && b.len() >= (n - 1) * ld + k,
+        };
+    if !b_ok {
+        candle_core::bail!("gemm bf16: B of {} values is too short for {k}x{n} ({bl:?})", b.len());
+    }
+    run(a, n, Right::Raw { b, bl }, dst)
+}
+
+/// `dst [m, n] = x B` for x [m, k] with B already in panels (a linear layer's weight,
+/// kept by its layer).
+pub(crate) fn gemm_packed_b(x: &[f32], m: usize, b: &PackedStrips, dst: &mut [f32]) -> Result<()> {
+    require()?;
+    run(&PackedPairRows::new(x, m, b.k, b.k)?, b.n, Right::Strips(b), dst)
+}
+
+/// The product of checked, rounded A with B.
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+fn run(a: &PackedPairRows, n: usize, b: Right, dst: &mut [f32]) -> Result<()> {
+    let (m, k) = (a.m, a.k);
+    if let Right::Strips(s) = b {
+        if (s.k, s.n) != (k, n) {
+            candle_core::bail!("gemm bf16: A is {m}x{k} but B is {}x{}", s.k, s.n);
         }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = (src, &row);
-    });
+    }
+    if dst.len() < m * n {
+        candle_core::bail!("gemm bf16: output of {} for {m}x{n}", dst.len());
+    }
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    if k == 0 {
+        dst[..m * n].fill(0.0);
+        return Ok(());
+    }
     let split = Split::new(m, n, NR);
     let out = SharedMut(dst.as_mut_ptr());
-    let ap = &ap;
+    let ap = &a.data;
     (0..split.tasks()).into_par_iter().for_each(|t| {
         let (rows, cols) = split.task(t);
         if cols.is_empty() {
@@ -75,23 +211,71 @@ pub(crate) fn gemm_vector(m: usize, n: usize, k: usize, a: &[f32], lda: usize, b
         }
         PANEL.with(|cell| {
             let mut panel = cell.borrow_mut();
-            if panel.len() < KCP * NR {
+            if matches!(b, Right::Raw { .. }) && panel.len() < KCP * NR {
                 panel.resize(KCP * NR, 0);
             }
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: AVX512-BF16 checked above; the task writes only dst rows `rows` x
-            // columns `cols`, disjoint from other tasks and inside dst.
+            // SAFETY: AVX512-BF16 checked by every caller; the task writes only dst rows
+            // `rows` x columns `cols`, disjoint from other tasks and inside dst.
             unsafe {
-                task(m, n, k, ap, b, bl, rows, cols, &mut panel, out)
+                task(m, n, k, ap, b, rows, cols, &mut panel, out)
             }
             #[cfg(not(target_arch = "x86_64"))]
-            let _ = (rows, cols, &mut panel, out);
+            let _ = (rows, cols, &mut panel, out, ap);
         });
     });
     Ok(())
 }
 
-/// SAFETY: AVX512-BF16; `out` is the m x n output of which only `rows` x `cols` is written.
+/// Rounds pair rows `p0..p0 + pc` of B's columns `j0..j0 + w` into `panel` (pc rows
+/// of NR words), zeros past w and k.
+///
+/// SAFETY: AVX512-BF16; B holds those columns and rows (checked by the callers);
+/// `panel` holds at least pc * NR words.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bf16,avx512bw")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn pack_panel(b: &[f32], bl: BLayout, k: usize, j0: usize, w: usize, p0: usize, pc: usize, panel: &mut [u32]) {
+    let panel = &mut panel[..pc * NR];
+    match bl {
+        BLayout::KN { ld } => {
+            for pp in 0..pc {
+                let (kk, dst) = (2 * (p0 + pp), &mut panel[pp * NR..(pp + 1) * NR]);
+                let lo = &b[kk * ld + j0..kk * ld + j0 + w];
+                let hi = (kk + 1 < k).then(|| &b[(kk + 1) * ld + j0..(kk + 1) * ld + j0 + w]);
+                // SAFETY: AVX-512 F and BW (the caller's features); dst has NR >= w words.
+                unsafe { pack_pairs(lo, hi, dst.as_mut_ptr()) };
+                dst[w..].fill(0);
+            }
+        }
+        BLayout::NK { ld } => {
+            // Column j of B is row j0 + j of the [n, k] matrix: its k values from
+            // 2 p0 are adjacent, so they round straight into pair words, KCP at a time.
+            let mut col = [0u32; KCP];
+            if w < NR {
+                panel.fill(0);
+            }
+            let mut c0 = 0;
+            while c0 < pc {
+                let cc = KCP.min(pc - c0);
+                let (k0, k1) = (2 * (p0 + c0), (2 * (p0 + c0 + cc)).min(k));
+                for j in 0..w {
+                    let at = (j0 + j) * ld;
+                    col[..cc].fill(0);
+                    // SAFETY: AVX512-BF16 (the caller's); col holds 2 * KCP >= k1 - k0 values.
+                    unsafe { round_into(&b[at + k0..at + k1], col.as_mut_ptr() as *mut u16) };
+                    for (pp, &v) in col[..cc].iter().enumerate() {
+                        panel[(c0 + pp) * NR + j] = v;
+                    }
+                }
+                c0 += cc;
+            }
+        }
+    }
+}
+
+/// SAFETY: AVX512-BF16; `out` is the m x n output of which only `rows` x `cols` is
+/// written; B's panels lie where `b` says (checked by the callers).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bf16,avx512bw")]
 #[allow(clippy::too_many_arguments)]
@@ -100,8 +284,7 @@ unsafe fn task(
     n: usize,
     k: usize,
     ap: &[u32],
-    b: &[f32],
-    bl: BLayout,
+    b: Right,
     rows: std::ops::Range<usize>,
     cols: std::ops::Range<usize>,
     panel: &mut [u32],
@@ -115,39 +298,16 @@ unsafe fn task(
         let mut p0 = 0;
         while p0 < kp {
             let pc = KCP.min(kp - p0);
-            let panel = &mut panel[..pc * NR];
-            // panel[pp * NR + j] = (B[2p][j0 + j], B[2p + 1][j0 + j]) for p = p0 + pp, zeros past w / k.
-            match bl {
-                BLayout::KN { ld } => {
-                    for pp in 0..pc {
-                        let (kk, dst) = (2 * (p0 + pp), &mut panel[pp * NR..(pp + 1) * NR]);
-                        let lo = &b[kk * ld + j0..kk * ld + j0 + w];
-                        let hi = (kk + 1 < k).then(|| &b[(kk + 1) * ld + j0..(kk + 1) * ld + j0 + w]);
-                        // SAFETY: AVX-512 F and BW (the caller's features); dst has NR >= w words.
-                        unsafe { pack_pairs(lo, hi, dst.as_mut_ptr()) };
-                        dst[w..].fill(0);
-                    }
+            let strip = match b {
+                Right::Raw { b, bl } => {
+                    // SAFETY: forwarded; the panel scratch holds KCP * NR >= pc * NR words.
+                    unsafe { pack_panel(b, bl, k, j0, w, p0, pc, panel) };
+                    panel.as_ptr()
                 }
-                BLayout::NK { ld } => {
-                    // Column j of B is row j0 + j of the [n, k] matrix: its k values
-                    // 2 p0.. are adjacent, so they round straight into pair words.
-                    let mut col = [0u32; KCP];
-                    let (k0, k1) = (2 * p0, (2 * (p0 + pc)).min(k));
-                    if w < NR {
-                        panel.fill(0);
-                    }
-                    for j in 0..w {
-                        let at = (j0 + j) * ld;
-                        col[..pc].fill(0);
-                        // SAFETY: AVX512-BF16 (the caller's); col holds 2 * KCP >= k1 - k0 values.
-                        unsafe { round_into(&b[at + k0..at + k1], col.as_mut_ptr() as *mut u16) };
-                        for (pp, &v) in col[..pc].iter().enumerate() {
-                            panel[pp * NR + j] = v;
-                        }
-                    }
-                }
-            }
-            let strip = panel.as_ptr();
+                // Column strips start at multiples of NR (the split's spans are whole
+                // blocks), and strip j0 / NR has kp rows of NR words from p0 = 0.
+                Right::Strips(s) => unsafe { s.data.as_ptr().add(((j0 / NR) * kp + p0) * NR) },
+            };
             let mut i0 = rows.start;
             while i0 < rows.end {
                 let arows: [*const u32; MR] = std::array::from_fn(|i| {
@@ -237,4 +397,32 @@ pub fn linear_bf16(a: &candle_core::Tensor, w: &candle_core::Tensor) -> Result<c
     gemm_vector(m, n, k, &ad[a0..a1], k, &wd[w0..w1], BLayout::NK { ld: k }, &mut out)?;
     drop((sa, sw));
     candle_core::Tensor::from_vec(out, (m, n), a.device())
+}
+
+/// [`linear_bf16`] with W rounded into [`PackedStrips`] first, as a linear layer
+/// keeps it (tests, benches).
+pub fn linear_bf16_prepacked(a: &candle_core::Tensor, w: &candle_core::Tensor) -> Result<candle_core::Tensor> {
+    let (m, k) = a.dims2()?;
+    let (n, wk) = w.dims2()?;
+    if wk != k {
+        candle_core::bail!("linear bf16: input width {k}, weight {:?}", w.dims());
+    }
+    let (ad, wd) = (a.flatten_all()?.to_vec1::<f32>()?, w.flatten_all()?.to_vec1::<f32>()?);
+    let mut out = vec![0f32; m * n];
+    gemm_packed_b(&ad, m, &PackedStrips::of_linear(&wd, n, k)?, &mut out)?;
+    candle_core::Tensor::from_vec(out, (m, n), a.device())
+}
+
+/// `w [o, k] x x [k, hw]`, a 1x1 convolution's product, with w rounded into
+/// [`PackedPairRows`] first, as a 1x1 conv layer keeps it (tests, benches).
+pub fn conv1x1_bf16_prepacked(w: &candle_core::Tensor, x: &candle_core::Tensor) -> Result<candle_core::Tensor> {
+    let (o, k) = w.dims2()?;
+    let (xk, hw) = x.dims2()?;
+    if xk != k {
+        candle_core::bail!("conv1x1 bf16: weight {:?} does not fit input {:?}", w.dims(), x.dims());
+    }
+    let (wd, xd) = (w.flatten_all()?.to_vec1::<f32>()?, x.flatten_all()?.to_vec1::<f32>()?);
+    let mut out = vec![0f32; o * hw];
+    gemm_packed_a(&PackedPairRows::new(&wd, o, k, k)?, hw, &xd, BLayout::KN { ld: hw }, &mut out)?;
+    candle_core::Tensor::from_vec(out, (o, hw), x.device())
 }

@@ -74,8 +74,9 @@ pub fn mode() -> KernelMode {
 /// What the kernels multiply in. Activations and sums stay f32 either way; `Bf16`
 /// rounds the factors of the 3x3 convolutions, linear layers and 1x1 convolutions
 /// to bf16 (error ~1e-3 relative) and multiplies them on AMX tiles where the CPU
-/// has them ([`amx`]; in-place f32 weights then keep a packed bf16 copy, half their
-/// bytes), else with AVX512-BF16 dot products. On AMX attention's products run on
+/// has them ([`amx`]), else with AVX512-BF16 dot products; in-place f32 weights then
+/// keep a bf16 copy packed for that kernel ([`bf16_copies_for`]), half their bytes.
+/// On AMX attention's products run on
 /// the tiles too ([`attention_amx`], see [`amx::attention_enabled`]); norms stay f32.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Compute {
@@ -134,10 +135,18 @@ pub fn fast_for(dtype: DType) -> bool {
 }
 
 /// Whether CPU tensors of `dtype` take the AMX kernels: [`fast_for`], bf16 compute
-/// and a CPU with AMX. One rule for the layers (which then keep packed bf16 weights)
-/// and the memory estimator, which must count them.
+/// and a CPU with AMX. One rule for the layers and the memory estimator, which must
+/// count the AMX conv's packed input.
 pub fn amx_for(dtype: DType) -> bool {
-    fast_for(dtype) && compute() == Compute::Bf16 && amx::supported()
+    bf16_copies_for(dtype) && amx::supported()
+}
+
+/// Whether in-place f32 conv and linear weights keep a bf16 copy packed for the
+/// kernel that multiplies them (AMX tiles or AVX512-BF16 vectors): [`fast_for`] and
+/// bf16 compute (which [`set_compute`] allows only where one of them exists). One
+/// rule for the layers and the memory estimator, which must count the copies.
+pub fn bf16_copies_for(dtype: DType) -> bool {
+    fast_for(dtype) && compute() == Compute::Bf16
 }
 
 /// Whether attention on the CPU runs the fused kernel, whatever the input dtype

@@ -23,33 +23,41 @@ pub struct MappedF32 {
     offset: usize,
     len: usize,
     shape: Vec<usize>,
-    /// The weight packed for AMX tiles, made on first use under `--compute bf16`
-    /// on a CPU with AMX and kept with the weight (clones share it).
-    amx: Arc<OnceLock<AmxWeight>>,
+    /// The weight rounded to bf16 and packed for the kernel that multiplies it, made
+    /// on first use under `--compute bf16` and kept with the weight (clones share it).
+    bf16: Arc<OnceLock<Bf16Weight>>,
 }
 
-/// A weight rounded to bf16 and laid out for the AMX kernels: half its f32 bytes,
-/// private memory. Kept because repacking per call cost more than the products at
-/// SD's deep levels (a 1280-channel 3x3 kernel is 15 M weights for 3.8 GFLOP at 8x8).
-enum AmxWeight {
-    Conv3x3(crate::kernels::amx::PackedConv3x3),
+/// A weight rounded to bf16 and laid out for the bf16 kernels (AMX tiles or
+/// AVX512-BF16 vectors): half its f32 bytes, private memory. Kept because rounding
+/// and repacking per call cost more than the products at SD's deep levels (a
+/// 1280-channel 3x3 kernel is 15 M weights for 3.8 GFLOP at 8x8).
+enum Bf16Weight {
+    AmxConv3x3(crate::kernels::amx::PackedConv3x3),
     /// A 1x1 kernel as the left factor of `W x`.
-    Rows(crate::kernels::amx::PackedRows),
+    AmxRows(crate::kernels::amx::PackedRows),
     /// A linear weight [out, in] as the right factor of `x W^T`.
-    Pairs(crate::kernels::amx::PackedPairs),
+    AmxPairs(crate::kernels::amx::PackedPairs),
+    Conv3x3(crate::kernels::conv3x3_bf16::PackedConvPairs),
+    /// A 1x1 kernel as the left factor of `W x`.
+    Rows(crate::kernels::matmul_bf16::PackedPairRows),
+    /// A linear weight [out, in] as the right factor of `x W^T`.
+    Strips(crate::kernels::matmul_bf16::PackedStrips),
 }
 
-impl std::fmt::Debug for AmxWeight {
+impl std::fmt::Debug for Bf16Weight {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let (kind, bytes) = match self {
-            AmxWeight::Conv3x3(p) => ("conv3x3", p.bytes()),
-            AmxWeight::Rows(p) => ("rows", p.bytes()),
-            AmxWeight::Pairs(p) => ("pairs", p.bytes()),
+            Bf16Weight::AmxConv3x3(p) => ("amx-conv3x3", p.bytes()),
+            Bf16Weight::AmxRows(p) => ("amx-rows", p.bytes()),
+            Bf16Weight::AmxPairs(p) => ("amx-pairs", p.bytes()),
+            Bf16Weight::Conv3x3(p) => ("conv3x3", p.bytes()),
+            Bf16Weight::Rows(p) => ("rows", p.bytes()),
+            Bf16Weight::Strips(p) => ("strips", p.bytes()),
         };
-        write!(f, "AmxWeight::{kind}({bytes} bytes)")
+        write!(f, "Bf16Weight::{kind}({bytes} bytes)")
     }
 }
-
 
 impl MappedF32 {
     /// `Some` when `t` can be used in place: stored as F32, 4-byte aligned,
@@ -67,7 +75,7 @@ impl MappedF32 {
             offset: bytes.as_ptr() as usize - t.file.raw().as_ptr() as usize,
             len: bytes.len() / 4,
             shape: shape.to_vec(),
-            amx: Arc::new(OnceLock::new()),
+            bf16: Arc::new(OnceLock::new()),
         })
     }
 
@@ -83,15 +91,15 @@ impl MappedF32 {
         unsafe { std::slice::from_raw_parts(bytes.as_ptr() as *const f32, self.len) }
     }
 
-    /// The packed AMX form of this weight, made by `pack` on first use (two threads
+    /// The packed bf16 form of this weight, made by `pack` on first use (two threads
     /// racing both pack; one result is kept).
-    fn amx(&self, pack: impl FnOnce(&[f32]) -> Result<AmxWeight>) -> Result<&AmxWeight> {
-        if let Some(w) = self.amx.get() {
+    fn bf16(&self, pack: impl FnOnce(&[f32]) -> Result<Bf16Weight>) -> Result<&Bf16Weight> {
+        if let Some(w) = self.bf16.get() {
             return Ok(w);
         }
         let packed = pack(self.data())?;
-        let _ = self.amx.set(packed);
-        self.amx.get().ok_or_else(|| candle_core::Error::Msg("AMX weight cache lost".into()))
+        let _ = self.bf16.set(packed);
+        self.bf16.get().ok_or_else(|| candle_core::Error::Msg("bf16 weight cache lost".into()))
     }
 
     /// Copies into a tensor (for devices our kernels do not cover).
@@ -257,17 +265,31 @@ impl CustomOp1 for LinearOp<'_> {
             candle_core::bail!("mapped linear: input width {k} but weight is {:?}", self.w.shape());
         }
         let mut dst = vec![0f32; rows * n];
-        if let (View::Mapped(m), true) = (self.w, crate::kernels::amx_for(candle_core::DType::F32)) {
-            use crate::kernels::amx::{gemm_packed, PackedPairs, PackedRows};
-            let AmxWeight::Pairs(w) = m.amx(|w| Ok(AmxWeight::Pairs(PackedPairs::new(w, k, n, crate::kernels::matmul::BLayout::NK { ld: k })?)))? else {
-                candle_core::bail!("mapped linear: weight {:?} was packed for another op", m.shape);
-            };
-            gemm_packed(&PackedRows::new(x, rows, k, k)?, w, &mut dst)?;
+        if let (View::Mapped(m), true) = (self.w, crate::kernels::bf16_copies_for(candle_core::DType::F32)) {
+            linear_bf16_cached(x, rows, k, m, &mut dst)?;
             return Ok((CpuStorage::F32(dst), Shape::from((rows, n))));
         }
         by_blocks(&self.w, self.block, 1, &mut dst, |nb, w, out| linear_into(x, rows, k, nb, w, out))?;
         Ok((CpuStorage::F32(dst), Shape::from((rows, n))))
     }
+}
+
+/// `dst [rows, n] = x [rows, k] W^T` with the mapped weight's cached bf16 form, on
+/// AMX tiles where the CPU has them, else AVX512-BF16 vectors.
+fn linear_bf16_cached(x: &[f32], rows: usize, k: usize, m: &MappedF32, dst: &mut [f32]) -> Result<()> {
+    let n = m.shape[0];
+    if crate::kernels::amx::supported() {
+        use crate::kernels::amx::{gemm_packed, PackedPairs, PackedRows};
+        let Bf16Weight::AmxPairs(w) = m.bf16(|w| Ok(Bf16Weight::AmxPairs(PackedPairs::new(w, k, n, crate::kernels::matmul::BLayout::NK { ld: k })?)))? else {
+            candle_core::bail!("mapped linear: weight {:?} was packed for another op", m.shape);
+        };
+        return gemm_packed(&PackedRows::new(x, rows, k, k)?, w, dst);
+    }
+    use crate::kernels::matmul_bf16::{gemm_packed_b, PackedStrips};
+    let Bf16Weight::Strips(w) = m.bf16(|w| Ok(Bf16Weight::Strips(PackedStrips::of_linear(w, n, k)?)))? else {
+        candle_core::bail!("mapped linear: weight {:?} was packed for another op", m.shape);
+    };
+    gemm_packed_b(x, rows, w, dst)
 }
 
 /// `dst [rows, n] = x [rows, k] W^T` for W [n, k] in memory.
@@ -327,8 +349,8 @@ impl CustomOp1 for ConvOp<'_> {
         let hw = ho * wo;
         let geom = ConvGeom { b, c, h, w, kh, kw, s, p, ho, wo };
         let mut dst = vec![0f32; b * o * hw];
-        if let (View::Mapped(m), true) = (self.w, crate::kernels::amx_for(candle_core::DType::F32)) {
-            if conv_amx_cached(x, geom, m, o, &mut dst)? {
+        if let (View::Mapped(m), true) = (self.w, crate::kernels::bf16_copies_for(candle_core::DType::F32)) {
+            if conv_bf16_cached(x, geom, m, o, &mut dst)? {
                 return Ok((CpuStorage::F32(dst), Shape::from((b, o, ho, wo))));
             }
         }
@@ -353,29 +375,54 @@ struct ConvGeom {
     wo: usize,
 }
 
-/// The 3x3 / padding 1 and 1x1 convolutions on AMX with the mapped kernel's cached
-/// packed form; `false` (nothing written) for the other shapes.
-fn conv_amx_cached(x: &[f32], g: ConvGeom, m: &MappedF32, o: usize, out: &mut [f32]) -> Result<bool> {
-    use crate::kernels::amx::{conv3x3_packed, gemm_packed, PackedConv3x3, PackedPairs, PackedRows};
+/// The 3x3 / padding 1 and 1x1 convolutions in bf16 with the mapped kernel's cached
+/// packed form (on AMX tiles where the CPU has them, else AVX512-BF16 vectors);
+/// `false` (nothing written) for the other shapes.
+fn conv_bf16_cached(x: &[f32], g: ConvGeom, m: &MappedF32, o: usize, out: &mut [f32]) -> Result<bool> {
+    use crate::kernels::conv3x3::Dims;
+    use crate::kernels::matmul::BLayout;
     let ConvGeom { b, c, h, w, kh, kw, s, p, .. } = g;
+    let d = Dims { batch: b, in_ch: c, out_ch: o, h, w };
+    let amx = crate::kernels::amx::supported();
     if (kh, kw, s, p) == (3, 3, 1, 1) {
-        let AmxWeight::Conv3x3(wt) = m.amx(|w| Ok(AmxWeight::Conv3x3(PackedConv3x3::new(w, o, c)?)))? else {
-            candle_core::bail!("mapped conv: kernel {:?} was packed for another op", m.shape);
-        };
-        conv3x3_packed(x, crate::kernels::conv3x3::Dims { batch: b, in_ch: c, out_ch: o, h, w }, wt, out)?;
+        if amx {
+            use crate::kernels::amx::{conv3x3_packed, PackedConv3x3};
+            let Bf16Weight::AmxConv3x3(wt) = m.bf16(|w| Ok(Bf16Weight::AmxConv3x3(PackedConv3x3::new(w, o, c)?)))? else {
+                candle_core::bail!("mapped conv: kernel {:?} was packed for another op", m.shape);
+            };
+            conv3x3_packed(x, d, wt, out)?;
+        } else {
+            use crate::kernels::conv3x3_bf16::{run_packed, PackedConvPairs};
+            let Bf16Weight::Conv3x3(wt) = m.bf16(|w| Ok(Bf16Weight::Conv3x3(PackedConvPairs::new(w, o, c)?)))? else {
+                candle_core::bail!("mapped conv: kernel {:?} was packed for another op", m.shape);
+            };
+            run_packed(x, d, wt, out)?;
+        }
         return Ok(true);
     }
     if (kh, kw, s, p) != (1, 1, 1, 0) {
         return Ok(false);
     }
-    let AmxWeight::Rows(wr) = m.amx(|w| Ok(AmxWeight::Rows(PackedRows::new(w, o, c, c)?)))? else {
+    let hw = h * w;
+    if amx {
+        use crate::kernels::amx::{gemm_packed, PackedPairs, PackedRows};
+        let Bf16Weight::AmxRows(wr) = m.bf16(|w| Ok(Bf16Weight::AmxRows(PackedRows::new(w, o, c, c)?)))? else {
+            candle_core::bail!("mapped conv: kernel {:?} was packed for another op", m.shape);
+        };
+        for n in 0..b {
+            let img = &x[n * c * hw..(n + 1) * c * hw];
+            let pairs = PackedPairs::new(img, c, hw, BLayout::KN { ld: hw })?;
+            gemm_packed(wr, &pairs, &mut out[n * o * hw..(n + 1) * o * hw])?;
+        }
+        return Ok(true);
+    }
+    use crate::kernels::matmul_bf16::{gemm_packed_a, PackedPairRows};
+    let Bf16Weight::Rows(wr) = m.bf16(|w| Ok(Bf16Weight::Rows(PackedPairRows::new(w, o, c, c)?)))? else {
         candle_core::bail!("mapped conv: kernel {:?} was packed for another op", m.shape);
     };
-    let hw = h * w;
     for n in 0..b {
         let img = &x[n * c * hw..(n + 1) * c * hw];
-        let pairs = PackedPairs::new(img, c, hw, crate::kernels::matmul::BLayout::KN { ld: hw })?;
-        gemm_packed(wr, &pairs, &mut out[n * o * hw..(n + 1) * o * hw])?;
+        gemm_packed_a(wr, hw, img, BLayout::KN { ld: hw }, &mut out[n * o * hw..(n + 1) * o * hw])?;
     }
     Ok(true)
 }

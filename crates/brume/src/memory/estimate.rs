@@ -77,9 +77,9 @@ pub fn segment_weights(model: &SdModel, seg: Segment, dtype: DType) -> SegmentWe
     use crate::quantization::Scheme;
     let (component, prefixes) = seg.weights();
     let mut w = SegmentWeights::default();
-    // Under `--compute bf16` on AMX, each in-place f32 conv and linear weight keeps a
-    // bf16 copy packed for the tiles (layers::mapped): half its bytes, private.
-    let amx_copies = crate::kernels::amx_for(dtype);
+    // Under `--compute bf16`, each in-place f32 conv and linear weight keeps a bf16
+    // copy packed for its kernel (layers::mapped): half its bytes, private.
+    let bf16_copies = crate::kernels::bf16_copies_for(dtype);
     for (name, t) in model.store(component).iter() {
         if !prefixes.is_empty() && !prefixes.iter().any(|p| name.starts_with(p)) {
             continue;
@@ -89,7 +89,7 @@ pub fn segment_weights(model: &SdModel, seg: Segment, dtype: DType) -> SegmentWe
         let numel: usize = shape.iter().product();
         if dtype == DType::F32 && shape.len() >= 2 {
             w.mapped += t.nbytes() as u64;
-            if amx_copies && scheme == Scheme::F32 && !name.contains("embeddings.") && !name.contains("downsamplers.") {
+            if bf16_copies && scheme == Scheme::F32 && !name.contains("embeddings.") && !name.contains("downsamplers.") {
                 w.private += numel as u64 * 2;
             }
             // Embedding tables are gathered row by row, with no scratch.
