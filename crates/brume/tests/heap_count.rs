@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use brume::runtime::memory::{heap, CountingAllocator, PeakWatch};
+use brume::runtime::memory::{heap, release_reused_blocks, reset_heap_peak, reuse_stats, CountingAllocator, PeakWatch};
 
 #[global_allocator]
 static ALLOCATOR: CountingAllocator = CountingAllocator;
@@ -54,4 +54,40 @@ fn realloc_and_zeroed_allocations_are_counted() {
     drop((v, z));
     let (after, _) = heap().unwrap();
     assert!(after < before + MIB, "freed: {after} vs {before}");
+}
+
+/// Freed large blocks come back for the same size (zeroed when asked), but only
+/// while kept plus live bytes stay within the counted peak: a new peak releases
+/// them, so the count still bounds private memory.
+#[test]
+fn freed_large_blocks_are_reused_within_the_peak() {
+    let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    reset_heap_peak();
+    assert_eq!(reuse_stats().0, 0, "a new peak releases every kept block");
+    let within_peak = || {
+        let (held, _) = reuse_stats();
+        let (live, peak) = heap().unwrap();
+        assert!(held + live <= peak + OTHERS, "kept {held} + live {live} past the peak {peak}");
+    };
+    let a = vec![1u8; (8 * MIB) as usize];
+    std::hint::black_box(&a);
+    drop(a);
+    let (held, hits) = reuse_stats();
+    assert!(held >= 8 * MIB, "the freed 8 MiB block was not kept ({held} bytes held)");
+    within_peak();
+    // Same size, zeroed: the kept block (full of ones) comes back cleared.
+    let b = vec![0u8; (8 * MIB) as usize];
+    assert!(reuse_stats().1 > hits, "the kept block was not reused");
+    assert!(b.iter().all(|&x| x == 0), "a reused block asked for zeroed must be zeroed");
+    within_peak();
+    drop(b);
+    // Past the peak: kept blocks go back to the system first.
+    let c = vec![2u8; (16 * MIB) as usize];
+    std::hint::black_box(&c);
+    assert!(reuse_stats().0 < MIB, "a new peak must release what is kept");
+    within_peak();
+    drop(c);
+    within_peak();
+    release_reused_blocks();
+    assert_eq!(reuse_stats().0, 0);
 }

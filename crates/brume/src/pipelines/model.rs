@@ -416,7 +416,8 @@ impl SdModel {
     }
 
     /// Hands the resident pages of a dropped segment's mapped weights back to the
-    /// OS, so sequential loading lowers RSS as well as private memory. Call only
+    /// OS, with the freed activations the allocator kept for reuse, so sequential
+    /// loading lowers RSS as well as private memory. Call only
     /// once the segment's modules are dropped (the pages would just fault back in).
     /// Weights compiled into the executable are left alone.
     pub fn release(&self, s: Segment) {
@@ -425,6 +426,8 @@ impl SdModel {
                 t.release_pages();
             }
         }
+        // Its freed activations, kept for reuse, would not be asked for again.
+        crate::runtime::memory::release_reused_blocks();
         tracing::debug!(segment = %s, "released mapped pages");
     }
 
