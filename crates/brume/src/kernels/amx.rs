@@ -83,7 +83,7 @@ impl PackedRows {
     /// `a[i * lda + kk]` for i < m, kk < k.
     pub fn new(a: &[f32], m: usize, k: usize, lda: usize) -> Result<Self> {
         require()?;
-        if m > 0 && k > 0 && (lda < k || a.len() < (m - 1) * lda + k) {
+        if !super::matmul::a_fits(a, m, k, lda) {
             candle_core::bail!("gemm amx: A of {} values is too short for {m}x{k} (row stride {lda})", a.len());
         }
         // An empty factor packs to nothing (the product is empty or zero).
@@ -107,12 +107,7 @@ pub struct PackedPairs {
 impl PackedPairs {
     pub(crate) fn new(b: &[f32], k: usize, n: usize, bl: BLayout) -> Result<Self> {
         require()?;
-        let ok = k == 0
-            || n == 0
-            || match bl {
-                BLayout::KN { ld } => ld >= n && b.len() >= (k - 1) * ld + n,
-                BLayout::NK { ld } => ld >= k && b.len() >= (n - 1) * ld + k,
-            };
+        let ok = super::matmul::b_fits(b, k, n, bl);
         if !ok {
             candle_core::bail!("gemm amx: B of {} values is too short for {k}x{n} ({bl:?})", b.len());
         }

@@ -49,17 +49,29 @@ pub(crate) fn check(m: usize, n: usize, k: usize, a: &[f32], lda: usize, b: &[f3
         dst[..m * n].fill(0.0);
         return Ok(false);
     }
-    if lda < k || a.len() < (m - 1) * lda + k {
+    if !a_fits(a, m, k, lda) {
         candle_core::bail!("gemm: A of {} values is too short for {m}x{k} (row stride {lda})", a.len());
     }
-    let b_ok = match bl {
-        BLayout::KN { ld } => ld >= n && b.len() >= (k - 1) * ld + n,
-        BLayout::NK { ld } => ld >= k && b.len() >= (n - 1) * ld + k,
-    };
+    let b_ok = b_fits(b, k, n, bl);
     if !b_ok {
         candle_core::bail!("gemm: B of {} values is too short for {k}x{n} ({bl:?})", b.len());
     }
     Ok(true)
+}
+
+/// Whether `a` holds an m x k matrix with rows `lda` apart (an empty one always fits).
+pub(crate) fn a_fits(a: &[f32], m: usize, k: usize, lda: usize) -> bool {
+    m == 0 || k == 0 || (lda >= k && a.len() >= (m - 1) * lda + k)
+}
+
+/// Whether `b` holds a k x n matrix laid out as `bl` says (an empty one always fits).
+pub(crate) fn b_fits(b: &[f32], k: usize, n: usize, bl: BLayout) -> bool {
+    k == 0
+        || n == 0
+        || match bl {
+            BLayout::KN { ld } => ld >= n && b.len() >= (k - 1) * ld + n,
+            BLayout::NK { ld } => ld >= k && b.len() >= (n - 1) * ld + k,
+        }
 }
 
 /// How an m x n output is cut into tasks of `mc` rows x `per` column blocks of `nr`.

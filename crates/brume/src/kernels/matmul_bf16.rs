@@ -64,7 +64,7 @@ impl PackedPairRows {
     /// `a[i * lda + kk]` for i < m, kk < k.
     pub fn new(a: &[f32], m: usize, k: usize, lda: usize) -> Result<Self> {
         require()?;
-        if m > 0 && k > 0 && (lda < k || a.len() < (m - 1) * lda + k) {
+        if !super::matmul::a_fits(a, m, k, lda) {
             candle_core::bail!("gemm bf16: A of {} values is too short for {m}x{k} (row stride {lda})", a.len());
         }
         let kp = k.div_ceil(2);
@@ -103,12 +103,7 @@ pub struct PackedStrips {
 impl PackedStrips {
     pub(crate) fn new(b: &[f32], k: usize, n: usize, bl: BLayout) -> Result<Self> {
         require()?;
-        let ok = k == 0
-            || n == 0
-            || match bl {
-                BLayout::KN { ld } => ld >= n && b.len() >= (k - 1) * ld + n,
-                BLayout::NK { ld } => ld >= k && b.len() >= (n - 1) * ld + k,
-            };
+        let ok = super::matmul::b_fits(b, k, n, bl);
         if !ok {
             candle_core::bail!("gemm bf16: B of {} values is too short for {k}x{n} ({bl:?})", b.len());
         }
@@ -141,6 +136,7 @@ impl PackedStrips {
 
 /// Where the tasks find B's panels.
 #[derive(Clone, Copy)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 enum Right<'a> {
     /// In memory as f32: each task rounds its panel as it goes.
     Raw { b: &'a [f32], bl: BLayout },
@@ -163,12 +159,7 @@ pub(crate) fn gemm_vector(m: usize, n: usize, k: usize, a: &[f32], lda: usize, b
 pub(crate) fn gemm_packed_a(a: &PackedPairRows, n: usize, b: &[f32], bl: BLayout, dst: &mut [f32]) -> Result<()> {
     require()?;
     let k = a.k;
-    let b_ok = k == 0
-        || n == 0
-        || match bl {
-            BLayout::KN { ld } => ld >= n && b.len() >= (k - 1) * ld + n,
-            BLayout::NK { ld } => ld >= k && b.len() >= (n - 1) * ld + k,
-        };
+    let b_ok = super::matmul::b_fits(b, k, n, bl);
     if !b_ok {
         candle_core::bail!("gemm bf16: B of {} values is too short for {k}x{n} ({bl:?})", b.len());
     }
