@@ -22,6 +22,15 @@ pub fn supported() -> bool {
     }
 }
 
+/// The error a bf16 kernel returns on a CPU without the bf16 dot-product instructions.
+pub(crate) fn require() -> candle_core::Result<()> {
+    if supported() {
+        Ok(())
+    } else {
+        candle_core::bail!("bf16 compute needs a CPU with AVX512-BF16")
+    }
+}
+
 /// Rounds `src` into `src.len()` bf16 values at `dst`: consecutive values pair up
 /// into the 32-bit words `vdpbf16ps` takes (element 2p low, 2p + 1 high).
 ///

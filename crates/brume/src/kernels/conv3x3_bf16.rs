@@ -23,6 +23,7 @@ use rayon::prelude::*;
 
 #[cfg(target_arch = "x86_64")]
 use super::bf16::pack_pairs;
+use super::bf16::require;
 use super::conv3x3::{Dims, Flat, RowTasks};
 use super::SharedMut;
 
@@ -60,9 +61,7 @@ pub struct PackedConvPairs {
 
 impl PackedConvPairs {
     pub fn new(weights: &[f32], out_ch: usize, in_ch: usize) -> Result<Self> {
-        if !supported() {
-            candle_core::bail!("bf16 compute needs a CPU with AVX512-BF16");
-        }
+        require()?;
         if weights.len() != out_ch * in_ch * 9 {
             candle_core::bail!("conv3x3 bf16: {} weights for [{out_ch}, {in_ch}, 3, 3]", weights.len());
         }
@@ -107,9 +106,7 @@ pub(crate) fn run_vector(x: &[f32], d: Dims, weights: &[f32], out: &mut [f32]) -
 /// As [`run_vector`] with the kernel already rounded into pairs.
 #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
 pub(crate) fn run_packed(x: &[f32], d: Dims, kernel: &PackedConvPairs, out: &mut [f32]) -> Result<()> {
-    if !supported() {
-        candle_core::bail!("bf16 compute needs a CPU with AVX512-BF16");
-    }
+    require()?;
     let Dims { batch, in_ch: c, out_ch: o, h, w } = d;
     if x.len() != batch * c * h * w || (kernel.out_ch, kernel.in_ch) != (o, c) || out.len() != batch * o * h * w {
         candle_core::bail!("conv3x3 bf16: buffer sizes do not match {d:?} (kernel [{}, {}])", kernel.out_ch, kernel.in_ch);

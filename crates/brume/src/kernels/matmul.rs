@@ -52,8 +52,7 @@ pub(crate) fn check(m: usize, n: usize, k: usize, a: &[f32], lda: usize, b: &[f3
     if !a_fits(a, m, k, lda) {
         candle_core::bail!("gemm: A of {} values is too short for {m}x{k} (row stride {lda})", a.len());
     }
-    let b_ok = b_fits(b, k, n, bl);
-    if !b_ok {
+    if !b_fits(b, k, n, bl) {
         candle_core::bail!("gemm: B of {} values is too short for {k}x{n} ({bl:?})", b.len());
     }
     Ok(true)

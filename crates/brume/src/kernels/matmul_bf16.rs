@@ -18,7 +18,7 @@ use rayon::prelude::*;
 
 #[cfg(target_arch = "x86_64")]
 use super::bf16::{pack_pairs, round_into};
-use super::bf16::supported;
+use super::bf16::require;
 use super::matmul::{check, BLayout, Split};
 use super::SharedMut;
 
@@ -42,14 +42,6 @@ pub(crate) fn gemm(m: usize, n: usize, k: usize, a: &[f32], lda: usize, b: &[f32
         return super::amx::gemm(m, n, k, a, lda, b, bl, dst);
     }
     gemm_vector(m, n, k, a, lda, b, bl, dst)
-}
-
-fn require() -> Result<()> {
-    if supported() {
-        Ok(())
-    } else {
-        candle_core::bail!("bf16 compute needs a CPU with AVX512-BF16")
-    }
 }
 
 /// A left factor A [m, k] rounded to bf16 pairs along k: `kp = ceil(k / 2)` words
@@ -103,8 +95,7 @@ pub struct PackedStrips {
 impl PackedStrips {
     pub(crate) fn new(b: &[f32], k: usize, n: usize, bl: BLayout) -> Result<Self> {
         require()?;
-        let ok = super::matmul::b_fits(b, k, n, bl);
-        if !ok {
+        if !super::matmul::b_fits(b, k, n, bl) {
             candle_core::bail!("gemm bf16: B of {} values is too short for {k}x{n} ({bl:?})", b.len());
         }
         let kp = k.div_ceil(2);
@@ -159,8 +150,7 @@ pub(crate) fn gemm_vector(m: usize, n: usize, k: usize, a: &[f32], lda: usize, b
 pub(crate) fn gemm_packed_a(a: &PackedPairRows, n: usize, b: &[f32], bl: BLayout, dst: &mut [f32]) -> Result<()> {
     require()?;
     let k = a.k;
-    let b_ok = super::matmul::b_fits(b, k, n, bl);
-    if !b_ok {
+    if !super::matmul::b_fits(b, k, n, bl) {
         candle_core::bail!("gemm bf16: B of {} values is too short for {k}x{n} ({bl:?})", b.len());
     }
     run(a, n, Right::Raw { b, bl }, dst)
@@ -295,8 +285,8 @@ unsafe fn task(
                     unsafe { pack_panel(b, bl, k, j0, w, p0, pc, panel) };
                     panel.as_ptr()
                 }
-                // Column strips start at multiples of NR (the split's spans are whole
-                // blocks), and strip j0 / NR has kp rows of NR words from p0 = 0.
+                // SAFETY: column strips start at multiples of NR (the split's spans are
+                // whole blocks), and strip j0 / NR has kp rows of NR words from p0 = 0.
                 Right::Strips(s) => unsafe { s.data.as_ptr().add(((j0 / NR) * kp + p0) * NR) },
             };
             let mut i0 = rows.start;

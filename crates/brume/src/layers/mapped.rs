@@ -59,6 +59,17 @@ impl std::fmt::Debug for Bf16Weight {
     }
 }
 
+/// The cached bf16 form `$variant` of the mapped weight `$m`, packed on first use
+/// by `$pack` (a `&[f32] -> Result<_>` closure over the f32 weight).
+macro_rules! packed_form {
+    ($m:expr, $variant:ident, $pack:expr) => {
+        $m.bf16(|w| Ok(Bf16Weight::$variant(($pack)(w)?)), |p| match p {
+            Bf16Weight::$variant(x) => Some(x),
+            _ => None,
+        })
+    };
+}
+
 impl MappedF32 {
     /// `Some` when `t` can be used in place: stored as F32, 4-byte aligned,
     /// contiguous rows (any transform we produce is a row range or a reshape).
@@ -92,14 +103,17 @@ impl MappedF32 {
     }
 
     /// The packed bf16 form of this weight, made by `pack` on first use (two threads
-    /// racing both pack; one result is kept).
-    fn bf16(&self, pack: impl FnOnce(&[f32]) -> Result<Bf16Weight>) -> Result<&Bf16Weight> {
-        if let Some(w) = self.bf16.get() {
-            return Ok(w);
+    /// racing both pack; one result is kept), as the form `form` picks out; an error
+    /// if the weight was packed for another op.
+    fn bf16<T>(&self, pack: impl FnOnce(&[f32]) -> Result<Bf16Weight>, form: fn(&Bf16Weight) -> Option<&T>) -> Result<&T> {
+        if self.bf16.get().is_none() {
+            let packed = pack(self.data())?;
+            let _ = self.bf16.set(packed);
         }
-        let packed = pack(self.data())?;
-        let _ = self.bf16.set(packed);
-        self.bf16.get().ok_or_else(|| candle_core::Error::Msg("bf16 weight cache lost".into()))
+        self.bf16
+            .get()
+            .and_then(form)
+            .ok_or_else(|| candle_core::Error::Msg(format!("mapped weight {:?} was packed for another op", self.shape)))
     }
 
     /// Copies into a tensor (for devices our kernels do not cover).
@@ -280,15 +294,11 @@ fn linear_bf16_cached(x: &[f32], rows: usize, k: usize, m: &MappedF32, dst: &mut
     let n = m.shape[0];
     if crate::kernels::amx::supported() {
         use crate::kernels::amx::{gemm_packed, PackedPairs, PackedRows};
-        let Bf16Weight::AmxPairs(w) = m.bf16(|w| Ok(Bf16Weight::AmxPairs(PackedPairs::new(w, k, n, crate::kernels::matmul::BLayout::NK { ld: k })?)))? else {
-            candle_core::bail!("mapped linear: weight {:?} was packed for another op", m.shape);
-        };
+        let w = packed_form!(m, AmxPairs, |w| PackedPairs::new(w, k, n, crate::kernels::matmul::BLayout::NK { ld: k }))?;
         return gemm_packed(&PackedRows::new(x, rows, k, k)?, w, dst);
     }
     use crate::kernels::matmul_bf16::{gemm_packed_b, PackedStrips};
-    let Bf16Weight::Strips(w) = m.bf16(|w| Ok(Bf16Weight::Strips(PackedStrips::of_linear(w, n, k)?)))? else {
-        candle_core::bail!("mapped linear: weight {:?} was packed for another op", m.shape);
-    };
+    let w = packed_form!(m, Strips, |w| PackedStrips::of_linear(w, n, k))?;
     gemm_packed_b(x, rows, w, dst)
 }
 
@@ -387,15 +397,11 @@ fn conv_bf16_cached(x: &[f32], g: ConvGeom, m: &MappedF32, o: usize, out: &mut [
     if (kh, kw, s, p) == (3, 3, 1, 1) {
         if amx {
             use crate::kernels::amx::{conv3x3_packed, PackedConv3x3};
-            let Bf16Weight::AmxConv3x3(wt) = m.bf16(|w| Ok(Bf16Weight::AmxConv3x3(PackedConv3x3::new(w, o, c)?)))? else {
-                candle_core::bail!("mapped conv: kernel {:?} was packed for another op", m.shape);
-            };
+            let wt = packed_form!(m, AmxConv3x3, |w| PackedConv3x3::new(w, o, c))?;
             conv3x3_packed(x, d, wt, out)?;
         } else {
             use crate::kernels::conv3x3_bf16::{run_packed, PackedConvPairs};
-            let Bf16Weight::Conv3x3(wt) = m.bf16(|w| Ok(Bf16Weight::Conv3x3(PackedConvPairs::new(w, o, c)?)))? else {
-                candle_core::bail!("mapped conv: kernel {:?} was packed for another op", m.shape);
-            };
+            let wt = packed_form!(m, Conv3x3, |w| PackedConvPairs::new(w, o, c))?;
             run_packed(x, d, wt, out)?;
         }
         return Ok(true);
@@ -406,9 +412,7 @@ fn conv_bf16_cached(x: &[f32], g: ConvGeom, m: &MappedF32, o: usize, out: &mut [
     let hw = h * w;
     if amx {
         use crate::kernels::amx::{gemm_packed, PackedPairs, PackedRows};
-        let Bf16Weight::AmxRows(wr) = m.bf16(|w| Ok(Bf16Weight::AmxRows(PackedRows::new(w, o, c, c)?)))? else {
-            candle_core::bail!("mapped conv: kernel {:?} was packed for another op", m.shape);
-        };
+        let wr = packed_form!(m, AmxRows, |w| PackedRows::new(w, o, c, c))?;
         for n in 0..b {
             let img = &x[n * c * hw..(n + 1) * c * hw];
             let pairs = PackedPairs::new(img, c, hw, BLayout::KN { ld: hw })?;
@@ -417,9 +421,7 @@ fn conv_bf16_cached(x: &[f32], g: ConvGeom, m: &MappedF32, o: usize, out: &mut [
         return Ok(true);
     }
     use crate::kernels::matmul_bf16::{gemm_packed_a, PackedPairRows};
-    let Bf16Weight::Rows(wr) = m.bf16(|w| Ok(Bf16Weight::Rows(PackedPairRows::new(w, o, c, c)?)))? else {
-        candle_core::bail!("mapped conv: kernel {:?} was packed for another op", m.shape);
-    };
+    let wr = packed_form!(m, Rows, |w| PackedPairRows::new(w, o, c, c))?;
     for n in 0..b {
         let img = &x[n * c * hw..(n + 1) * c * hw];
         gemm_packed_a(wr, hw, img, BLayout::KN { ld: hw }, &mut out[n * o * hw..(n + 1) * o * hw])?;
