@@ -158,11 +158,27 @@ fn mismatched_shapes_are_errors() {
 /// in and the order of the sums; against f32, bf16's error.
 #[test]
 fn amx_attention_matches_within_bf16_rounding() {
-    use brume::kernels::attention_amx::attention_amx;
     if !brume::kernels::amx::supported() {
         eprintln!("no AMX on this CPU (or BRUME_AMX=off): AMX attention not run");
         return;
     }
+    matches_within_bf16_rounding(brume::kernels::attention_amx::attention_amx);
+}
+
+/// AVX512-BF16 dot products (CPUs without AMX): q, k, v and the probabilities
+/// rounded (one bf16 each, where the AMX kernel splits P in two), held to the same bounds.
+#[test]
+fn avx512_bf16_attention_matches_within_bf16_rounding() {
+    if !brume::kernels::conv3x3_bf16::supported() || brume::kernels::amx::supported() {
+        eprintln!("no AVX512-BF16 on this CPU, or AMX (where the tile kernel runs instead): not run");
+        return;
+    }
+    matches_within_bf16_rounding(brume::kernels::attention_bf16::attention_bf16);
+}
+
+type AttentionFn = fn(&Tensor, &Tensor, &Tensor, f64, bool) -> candle_core::Result<Tensor>;
+
+fn matches_within_bf16_rounding(kernel: AttentionFn) {
     let round = |t: &Tensor| t.to_dtype(candle_core::DType::BF16).unwrap().to_dtype(candle_core::DType::F32).unwrap();
     let cases = [
         case(1, 1, 1, 1, 1),
@@ -178,7 +194,7 @@ fn amx_attention_matches_within_bf16_rounding() {
     ];
     for (i, c) in cases.iter().enumerate() {
         let (q, k, v, scale, mask) = inputs(c, 400 + i as u64);
-        let got = attention_amx(&q, &k, &v, scale, c.causal).unwrap();
+        let got = kernel(&q, &k, &v, scale, c.causal).unwrap();
         let rounded = attention_reference(&round(&q), &round(&k), &round(&v), scale, mask).unwrap();
         let full = attention_reference(&q, &k, &v, scale, mask).unwrap();
         assert_eq!(got.dims(), full.dims());

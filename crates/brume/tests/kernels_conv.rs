@@ -92,7 +92,7 @@ fn layer_dispatch_matches_plain_conv_in_both_modes() {
     // Fast mode runs the direct kernel, reference mode the im2col + GEMM path.
     for mode in [KernelMode::Fast, KernelMode::Reference] {
         set_mode(mode);
-        let got = conv2d_dense(&x, &k, 1, 1).unwrap();
+        let got = conv2d_dense(&x, &k, 1, 1, true).unwrap();
         set_mode(KernelMode::Fast);
         assert!(rel_err(&got, &want) <= 2e-6, "{mode:?}");
     }
@@ -222,9 +222,9 @@ fn layers_follow_the_compute_precision() {
     let x = rng.randn(&[1, 16, 12, 12], &dev).unwrap();
     for (k, p) in [(3, 1), (1, 0)] {
         let w = rng.randn(&[8, 16, k, k], &dev).unwrap();
-        let f32_out = conv2d_dense(&x, &w, 1, p).unwrap();
+        let f32_out = conv2d_dense(&x, &w, 1, p, true).unwrap();
         set_compute(Compute::Bf16).unwrap();
-        let bf16_out = conv2d_dense(&x, &w, 1, p);
+        let bf16_out = conv2d_dense(&x, &w, 1, p, true);
         set_compute(Compute::F32).unwrap();
         let e = rel_err(&bf16_out.unwrap(), &f32_out);
         // Rounded factors: visibly different from f32, still within bf16's error.

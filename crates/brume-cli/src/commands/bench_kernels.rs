@@ -57,20 +57,21 @@ impl Case {
         match &self.op {
             Op::Attention { q, k, scale } => flash_attention(q, k, k, *scale, false),
             Op::GroupNorm { x, w, b, groups, silu } => group_norm(x, w, b, *groups, EPS, *silu),
-            Op::Conv { x, w, padding } => conv2d_dense(x, w, 1, *padding),
+            Op::Conv { x, w, padding } => conv2d_dense(x, w, 1, *padding, true),
             Op::Linear { x, w } => brume::kernels::matmul::linear(x, w),
         }
     }
 
     /// brume's other paths for this op, by name: the im2col + GEMM conv (what
     /// `--kernels reference` runs on mapped weights) and, on a CPU with
-    /// AVX512-BF16, the bf16-product 3x3 conv and GEMM; on a CPU with AMX, the tile
+    /// AVX512-BF16, the bf16-product 3x3 conv, GEMM and attention; on a CPU with AMX, the tile
     /// kernels (what `--compute bf16` runs there).
     fn alternatives(&self) -> Vec<&'static str> {
         let mut v = match &self.op {
             Op::Conv { padding: 1, .. } if brume::kernels::conv3x3_bf16::supported() => vec!["im2col", "bf16"],
             Op::Conv { .. } => vec!["im2col"],
             Op::Linear { .. } if brume::kernels::conv3x3_bf16::supported() => vec!["bf16"],
+            Op::Attention { .. } if brume::kernels::conv3x3_bf16::supported() => vec!["bf16"],
             _ => Vec::new(),
         };
         // AMX tiles (what `--compute bf16` runs where the CPU has them).
@@ -85,12 +86,13 @@ impl Case {
         match (&self.op, name) {
             (Op::Conv { x, w, padding }, "im2col") => {
                 brume::kernels::set_mode(brume::kernels::KernelMode::Reference);
-                let y = conv2d_dense(x, w, 1, *padding);
+                let y = conv2d_dense(x, w, 1, *padding, true);
                 brume::kernels::set_mode(brume::kernels::KernelMode::Fast);
                 y
             }
             (Op::Conv { x, w, .. }, "bf16") => brume::kernels::conv3x3_bf16::conv3x3_bf16(x, w),
             (Op::Linear { x, w }, "bf16") => brume::kernels::matmul_bf16::linear_bf16(x, w),
+            (Op::Attention { q, k, scale }, "bf16") => brume::kernels::attention_bf16::attention_bf16(q, k, k, *scale, false),
             (Op::Attention { q, k, scale }, "amx") => brume::kernels::attention_amx::attention_amx(q, k, k, *scale, false),
             (Op::Conv { x, w, padding: 1 }, "amx") => brume::kernels::amx::conv3x3_amx(x, w),
             (Op::Conv { x, w, .. }, "amx") => {
@@ -290,7 +292,12 @@ pub(super) fn rel_err(got: &Tensor, want: &Tensor) -> anyhow::Result<f32> {
     Ok(diff / want.abs()?.max_all()?.to_scalar::<f32>()?.max(f32::MIN_POSITIVE))
 }
 
+/// Seconds of one call. The blocks the allocator keeps for reuse are released
+/// first, off the clock: otherwise a variant pays for unmapping what the one before
+/// it freed (the reference attention's 512 MiB of scores took 30 ms of a bf16
+/// attention call's 105 when its first allocation made room for itself).
 fn time(f: impl FnOnce() -> candle_core::Result<Tensor>) -> anyhow::Result<f64> {
+    brume::runtime::memory::release_reused_blocks();
     let t = Instant::now();
     drop(f()?);
     Ok(t.elapsed().as_secs_f64())

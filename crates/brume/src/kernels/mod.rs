@@ -12,6 +12,7 @@
 
 pub mod amx;
 pub mod attention_amx;
+pub mod attention_bf16;
 mod bf16;
 pub mod conv3x3;
 pub mod conv3x3_bf16;
@@ -76,8 +77,9 @@ pub fn mode() -> KernelMode {
 /// to bf16 (error ~1e-3 relative) and multiplies them on AMX tiles where the CPU
 /// has them ([`amx`]), else with AVX512-BF16 dot products; in-place f32 weights then
 /// keep a bf16 copy packed for that kernel ([`bf16_copies_for`]), half their bytes.
-/// On AMX attention's products run on
-/// the tiles too ([`attention_amx`], see [`amx::attention_enabled`]); norms stay f32.
+/// Attention's products run in bf16 too: on the tiles with AMX ([`attention_amx`],
+/// see [`amx::attention_enabled`]), else with AVX512-BF16 ([`attention_bf16`]);
+/// norms and softmax stay f32.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Compute {
     F32,
@@ -147,6 +149,29 @@ pub fn amx_for(dtype: DType) -> bool {
 /// rule for the layers and the memory estimator, which must count the copies.
 pub fn bf16_copies_for(dtype: DType) -> bool {
     fast_for(dtype) && compute() == Compute::Bf16
+}
+
+/// The bf16 attention kernel `--compute bf16` runs on this CPU: AMX tiles
+/// ([`attention_amx`], unless `BRUME_AMX_ATTENTION=off`, when attention stays f32
+/// for comparison) or AVX512-BF16 vectors ([`attention_bf16`]). `None` under f32
+/// compute. One rule for the attention layer and the memory estimator, which counts
+/// the rounded keys and values each kernel packs per call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bf16Attention {
+    Tiles,
+    Vectors,
+}
+
+pub fn bf16_attention() -> Option<Bf16Attention> {
+    if compute() != Compute::Bf16 {
+        None
+    } else if amx::attention_enabled() {
+        Some(Bf16Attention::Tiles)
+    } else if !amx::supported() && bf16::supported() {
+        Some(Bf16Attention::Vectors)
+    } else {
+        None
+    }
 }
 
 /// Whether attention on the CPU runs the fused kernel, whatever the input dtype

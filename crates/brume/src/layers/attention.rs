@@ -33,7 +33,8 @@ pub enum AttentionMode {
 ///
 /// On the CPU in [`KernelMode::Fast`](crate::kernels::KernelMode), where it pays
 /// ([`crate::kernels::attention_pays`]), this runs the fused kernel ([`crate::kernels::flash_attention`], no `n_q x n_k` buffer;
-/// under `--compute bf16` on AMX its tile version, [`crate::kernels::attention_amx`]); otherwise
+/// under `--compute bf16` its bf16 versions, [`crate::kernels::attention_amx`] on AMX,
+/// else [`crate::kernels::attention_bf16`]); otherwise
 /// [`attention_reference`].
 pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, mask: AttentionMask) -> Result<Tensor> {
     attention_with(q, k, v, scale, mask, AttentionMode::Full)
@@ -45,11 +46,12 @@ pub fn attention_with(q: &Tensor, k: &Tensor, v: &Tensor, scale: f64, mask: Atte
     if q.device().is_cpu() && crate::kernels::fused_attention_on_cpu() {
         let f32 = |t: &Tensor| t.to_dtype(candle_core::DType::F32);
         let (q32, k32, v32, causal) = (f32(q)?, f32(k)?, f32(v)?, mask == AttentionMask::Causal);
-        // `--compute bf16` on AMX (unless BRUME_AMX_ATTENTION=off): both products on the tiles.
-        let o = if crate::kernels::compute() == crate::kernels::Compute::Bf16 && crate::kernels::amx::attention_enabled() {
-            crate::kernels::attention_amx::attention_amx(&q32, &k32, &v32, scale, causal)?
-        } else {
-            crate::kernels::flash_attention::flash_attention(&q32, &k32, &v32, scale, causal)?
+        // `--compute bf16`: both products on AMX tiles or with AVX512-BF16.
+        use crate::kernels::{attention_amx::attention_amx, attention_bf16::attention_bf16, flash_attention::flash_attention, Bf16Attention};
+        let o = match crate::kernels::bf16_attention() {
+            Some(Bf16Attention::Tiles) => attention_amx(&q32, &k32, &v32, scale, causal)?,
+            Some(Bf16Attention::Vectors) => attention_bf16(&q32, &k32, &v32, scale, causal)?,
+            None => flash_attention(&q32, &k32, &v32, scale, causal)?,
         };
         return o.to_dtype(q.dtype());
     }

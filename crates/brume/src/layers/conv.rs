@@ -31,23 +31,26 @@ pub struct Conv2d {
     weight: Param,
     bias: Option<Tensor>,
     cfg: Conv2dConfig,
+    /// f32 products even under bf16 compute ([`super::f32_products`]).
+    exact: bool,
 }
 
 impl Conv2d {
     pub fn load(w: &Weights, in_ch: usize, out_ch: usize, cfg: Conv2dConfig, bias: bool) -> std::result::Result<Self, LoadError> {
         let weight = Param::load(w, "weight", &[out_ch, in_ch, cfg.kernel, cfg.kernel])?;
         let bias = if bias { Some(w.tensor("bias", &[out_ch])?) } else { None };
-        Ok(Self { weight, bias, cfg })
+        let exact = super::f32_products(&w.name("weight"));
+        Ok(Self { weight, bias, cfg, exact })
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let y = match &self.weight {
-            Param::Mapped(m) if x.dtype() == candle_core::DType::F32 => mapped::conv2d(x, m, self.cfg.stride, self.cfg.padding)?,
+            Param::Mapped(m) if x.dtype() == candle_core::DType::F32 => mapped::conv2d(x, m, self.cfg.stride, self.cfg.padding, !self.exact)?,
             Param::Mapped(m) => x.conv2d(&m.to_tensor(x.device())?, self.cfg.padding, self.cfg.stride, 1, 1)?,
-            Param::Packed(p) if x.dtype() == candle_core::DType::F32 => mapped::conv2d_packed(x, p, self.cfg.stride, self.cfg.padding)?,
+            Param::Packed(p) if x.dtype() == candle_core::DType::F32 => mapped::conv2d_packed(x, p, self.cfg.stride, self.cfg.padding, !self.exact)?,
             Param::Packed(p) => x.conv2d(&p.to_tensor(x.device())?.to_dtype(x.dtype())?, self.cfg.padding, self.cfg.stride, 1, 1)?,
             Param::Dense(t) if crate::kernels::use_fast(x) && t.dtype() == x.dtype() && matches!(t.device(), candle_core::Device::Cpu) => {
-                mapped::conv2d_dense(x, t, self.cfg.stride, self.cfg.padding)?
+                mapped::conv2d_dense(x, t, self.cfg.stride, self.cfg.padding, !self.exact)?
             }
             Param::Dense(t) => x.conv2d(t, self.cfg.padding, self.cfg.stride, 1, 1)?,
         };

@@ -12,12 +12,16 @@ pub struct Linear {
     bias: Option<Tensor>,
     in_features: usize,
     out_features: usize,
+    /// f32 products even under bf16 compute ([`super::f32_products`]).
+    exact: bool,
 }
+
 
 impl Linear {
     /// Loads `weight` [out, in] and, when `bias`, `bias` [out].
     pub fn load(w: &Weights, in_features: usize, out_features: usize, bias: bool) -> std::result::Result<Self, LoadError> {
         let weight = Param::load(w, "weight", &[out_features, in_features])?;
+        let exact = super::f32_products(&w.name("weight"));
         let bias = if bias {
             Some(w.tensor("bias", &[out_features])?)
         } else {
@@ -28,6 +32,7 @@ impl Linear {
             bias,
             in_features,
             out_features,
+            exact,
         })
     }
 
@@ -40,9 +45,9 @@ impl Linear {
         let rows: usize = dims[..dims.len() - 1].iter().product();
         let x2 = x.reshape((rows, self.in_features))?;
         let y = match &self.weight {
-            Param::Mapped(m) if x2.dtype() == candle_core::DType::F32 => mapped::linear(&x2, m)?,
+            Param::Mapped(m) if x2.dtype() == candle_core::DType::F32 => mapped::linear(&x2, m, !self.exact)?,
             Param::Mapped(m) => x2.matmul(&m.to_tensor(x2.device())?.t()?)?,
-            Param::Packed(p) if x2.dtype() == candle_core::DType::F32 => mapped::linear_packed(&x2, p)?,
+            Param::Packed(p) if x2.dtype() == candle_core::DType::F32 => mapped::linear_packed(&x2, p, !self.exact)?,
             Param::Packed(p) => x2.matmul(&p.to_tensor(x2.device())?.to_dtype(x2.dtype())?.t()?)?,
             Param::Dense(t) => x2.matmul(&t.t()?)?,
         };

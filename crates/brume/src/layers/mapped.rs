@@ -264,6 +264,9 @@ fn by_blocks(
 struct LinearOp<'a> {
     w: View<'a>,
     block: usize,
+    /// Whether bf16 compute may round this product's factors ([`super::Linear`]'s
+    /// conditioning projections say no).
+    bf16: bool,
 }
 
 impl CustomOp1 for LinearOp<'_> {
@@ -279,11 +282,11 @@ impl CustomOp1 for LinearOp<'_> {
             candle_core::bail!("mapped linear: input width {k} but weight is {:?}", self.w.shape());
         }
         let mut dst = vec![0f32; rows * n];
-        if let (View::Mapped(m), true) = (self.w, crate::kernels::bf16_copies_for(candle_core::DType::F32)) {
+        if let (View::Mapped(m), true) = (self.w, self.bf16 && crate::kernels::bf16_copies_for(candle_core::DType::F32)) {
             linear_bf16_cached(x, rows, k, m, &mut dst)?;
             return Ok((CpuStorage::F32(dst), Shape::from((rows, n))));
         }
-        by_blocks(&self.w, self.block, 1, &mut dst, |nb, w, out| linear_into(x, rows, k, nb, w, out))?;
+        by_blocks(&self.w, self.block, 1, &mut dst, |nb, w, out| linear_into(x, rows, k, nb, w, self.bf16, out))?;
         Ok((CpuStorage::F32(dst), Shape::from((rows, n))))
     }
 }
@@ -303,14 +306,16 @@ fn linear_bf16_cached(x: &[f32], rows: usize, k: usize, m: &MappedF32, dst: &mut
 }
 
 /// `dst [rows, n] = x [rows, k] W^T` for W [n, k] in memory.
-fn linear_into(x: &[f32], rows: usize, k: usize, n: usize, w: &[f32], dst: &mut [f32]) -> Result<()> {
+/// `bf16`: whether bf16 compute may round the factors.
+#[allow(clippy::too_many_arguments)]
+fn linear_into(x: &[f32], rows: usize, k: usize, n: usize, w: &[f32], bf16: bool, dst: &mut [f32]) -> Result<()> {
     if fast() {
         use crate::kernels::matmul::{gemm, BLayout};
         // b[k, n] = W[n, k]: moving along k is stride 1, along n stride `in`.
         let b = BLayout::NK { ld: k };
         match crate::kernels::compute() {
-            crate::kernels::Compute::Bf16 => crate::kernels::matmul_bf16::gemm(rows, n, k, x, k, w, b, dst),
-            crate::kernels::Compute::F32 => gemm(crate::kernels::isa(), rows, n, k, x, k, w, b, dst),
+            crate::kernels::Compute::Bf16 if bf16 => crate::kernels::matmul_bf16::gemm(rows, n, k, x, k, w, b, dst),
+            _ => gemm(crate::kernels::isa(), rows, n, k, x, k, w, b, dst),
         }
     } else {
         sgemm(rows, n, k, dst, x, k, 1, w, 1, k);
@@ -318,14 +323,15 @@ fn linear_into(x: &[f32], rows: usize, k: usize, n: usize, w: &[f32], dst: &mut 
     }
 }
 
-/// `x [rows, in]` times the transposed mapped weight.
-pub fn linear(x: &Tensor, w: &MappedF32) -> Result<Tensor> {
-    x.contiguous()?.apply_op1_no_bwd(&LinearOp { w: View::Mapped(w), block: EXPAND_BLOCK_VALUES })
+/// `x [rows, in]` times the transposed mapped weight; `bf16`: whether bf16
+/// compute may round the factors (see [`super::Linear`]).
+pub fn linear(x: &Tensor, w: &MappedF32, bf16: bool) -> Result<Tensor> {
+    x.contiguous()?.apply_op1_no_bwd(&LinearOp { w: View::Mapped(w), block: EXPAND_BLOCK_VALUES, bf16 })
 }
 
 /// `x [rows, in]` times the transposed packed weight (expanded for the call).
-pub fn linear_packed(x: &Tensor, w: &super::packed::PackedWeight) -> Result<Tensor> {
-    x.contiguous()?.apply_op1_no_bwd(&LinearOp { w: View::Packed(w), block: EXPAND_BLOCK_VALUES })
+pub fn linear_packed(x: &Tensor, w: &super::packed::PackedWeight, bf16: bool) -> Result<Tensor> {
+    x.contiguous()?.apply_op1_no_bwd(&LinearOp { w: View::Packed(w), block: EXPAND_BLOCK_VALUES, bf16 })
 }
 
 /// 2-D convolution with a mapped [out, in, k, k] kernel: im2col + one GEMM per image.
@@ -335,6 +341,9 @@ struct ConvOp<'a> {
     padding: usize,
     /// Most values of a packed kernel expanded at once.
     block: usize,
+    /// Whether bf16 compute may round this convolution's factors ([`super::Conv2d`]
+    /// keeps a network's first and last in f32).
+    bf16: bool,
 }
 
 impl CustomOp1 for ConvOp<'_> {
@@ -359,13 +368,13 @@ impl CustomOp1 for ConvOp<'_> {
         let hw = ho * wo;
         let geom = ConvGeom { b, c, h, w, kh, kw, s, p, ho, wo };
         let mut dst = vec![0f32; b * o * hw];
-        if let (View::Mapped(m), true) = (self.w, crate::kernels::bf16_copies_for(candle_core::DType::F32)) {
+        if let (View::Mapped(m), true) = (self.w, self.bf16 && crate::kernels::bf16_copies_for(candle_core::DType::F32)) {
             if conv_bf16_cached(x, geom, m, o, &mut dst)? {
                 return Ok((CpuStorage::F32(dst), Shape::from((b, o, ho, wo))));
             }
         }
         let mut cols = Vec::new();
-        by_blocks(&self.w, self.block, hw, &mut dst, |ob, w, out| conv_into(x, geom, ob, w, &mut cols, out))?;
+        by_blocks(&self.w, self.block, hw, &mut dst, |ob, w, out| conv_into(x, geom, ob, w, self.bf16, &mut cols, out))?;
         Ok((CpuStorage::F32(dst), Shape::from((b, o, ho, wo))))
     }
 }
@@ -430,15 +439,18 @@ fn conv_bf16_cached(x: &[f32], g: ConvGeom, m: &MappedF32, o: usize, out: &mut [
 }
 
 /// `out [b, o, ho, wo]` = conv(`x`, `weights` [o, c, kh, kw]); `cols` is the reused
-/// patch buffer of the im2col path.
-fn conv_into(x: &[f32], g: ConvGeom, o: usize, weights: &[f32], cols: &mut Vec<f32>, out: &mut [f32]) -> Result<()> {
+/// patch buffer of the im2col path; `bf16`: whether bf16 compute may round the factors.
+#[allow(clippy::too_many_arguments)]
+fn conv_into(x: &[f32], g: ConvGeom, o: usize, weights: &[f32], bf16: bool, cols: &mut Vec<f32>, out: &mut [f32]) -> Result<()> {
+    let bf16 = bf16 && crate::kernels::compute() == crate::kernels::Compute::Bf16;
     let ConvGeom { b, c, h, w, kh, kw, s, p, ho, wo } = g;
     let (hw, ck) = (ho * wo, c * kh * kw);
     if (kh, kw, s, p) == (3, 3, 1, 1) && fast() {
         let d = crate::kernels::conv3x3::Dims { batch: b, in_ch: c, out_ch: o, h, w };
-        return match crate::kernels::compute() {
-            crate::kernels::Compute::Bf16 => crate::kernels::conv3x3_bf16::run(x, d, weights, out),
-            crate::kernels::Compute::F32 => crate::kernels::conv3x3::run(crate::kernels::isa(), x, d, weights, out),
+        return if bf16 {
+            crate::kernels::conv3x3_bf16::run(x, d, weights, out)
+        } else {
+            crate::kernels::conv3x3::run(crate::kernels::isa(), x, d, weights, out)
         };
     }
     let direct = kh == 1 && kw == 1 && s == 1 && p == 0;
@@ -455,9 +467,10 @@ fn conv_into(x: &[f32], g: ConvGeom, o: usize, weights: &[f32], cols: &mut Vec<f
         if direct && fast() {
             use crate::kernels::matmul::{gemm, BLayout};
             let bl = BLayout::KN { ld: hw };
-            match crate::kernels::compute() {
-                crate::kernels::Compute::Bf16 => crate::kernels::matmul_bf16::gemm(o, hw, ck, weights, ck, img, bl, out)?,
-                crate::kernels::Compute::F32 => gemm(crate::kernels::isa(), o, hw, ck, weights, ck, img, bl, out)?,
+            if bf16 {
+                crate::kernels::matmul_bf16::gemm(o, hw, ck, weights, ck, img, bl, out)?
+            } else {
+                gemm(crate::kernels::isa(), o, hw, ck, weights, ck, img, bl, out)?
             }
             continue;
         }
@@ -521,19 +534,20 @@ fn im2col(img: &[f32], c: usize, h: usize, w: usize, kh: usize, kw: usize, s: us
     });
 }
 
-pub fn conv2d(x: &Tensor, w: &MappedF32, stride: usize, padding: usize) -> Result<Tensor> {
-    x.contiguous()?.apply_op1_no_bwd(&ConvOp { w: View::Mapped(w), stride, padding, block: EXPAND_BLOCK_VALUES })
+/// `bf16`: whether bf16 compute may round the factors (see [`super::Conv2d`]).
+pub fn conv2d(x: &Tensor, w: &MappedF32, stride: usize, padding: usize, bf16: bool) -> Result<Tensor> {
+    x.contiguous()?.apply_op1_no_bwd(&ConvOp { w: View::Mapped(w), stride, padding, block: EXPAND_BLOCK_VALUES, bf16 })
 }
 
 /// 2-D convolution with a packed kernel, expanded for the call.
-pub fn conv2d_packed(x: &Tensor, w: &super::packed::PackedWeight, stride: usize, padding: usize) -> Result<Tensor> {
-    x.contiguous()?.apply_op1_no_bwd(&ConvOp { w: View::Packed(w), stride, padding, block: EXPAND_BLOCK_VALUES })
+pub fn conv2d_packed(x: &Tensor, w: &super::packed::PackedWeight, stride: usize, padding: usize, bf16: bool) -> Result<Tensor> {
+    x.contiguous()?.apply_op1_no_bwd(&ConvOp { w: View::Packed(w), stride, padding, block: EXPAND_BLOCK_VALUES, bf16 })
 }
 
 /// [`linear_packed`] expanding at most `block` values at a time (tests of the split path).
 #[cfg(test)]
 pub(crate) fn linear_packed_in_blocks(x: &Tensor, w: &super::packed::PackedWeight, block: usize) -> Result<Tensor> {
-    x.contiguous()?.apply_op1_no_bwd(&LinearOp { w: View::Packed(w), block })
+    x.contiguous()?.apply_op1_no_bwd(&LinearOp { w: View::Packed(w), block, bf16: true })
 }
 
 /// [`conv2d_packed`] expanding at most `block` values at a time (tests of the split path).
@@ -545,21 +559,22 @@ pub(crate) fn conv2d_packed_in_blocks(
     padding: usize,
     block: usize,
 ) -> Result<Tensor> {
-    x.contiguous()?.apply_op1_no_bwd(&ConvOp { w: View::Packed(w), stride, padding, block })
+    x.contiguous()?.apply_op1_no_bwd(&ConvOp { w: View::Packed(w), stride, padding, block, bf16: true })
 }
 
 /// 2-D convolution with a dense f32 CPU kernel, through the same im2col + GEMM
 /// path as the mapped weights. candle's own conv re-lays the kernel out on every
 /// call and unfolds the whole image at once; this reads it where it is and unfolds
 /// a band of rows at a time.
-pub fn conv2d_dense(x: &Tensor, w: &Tensor, stride: usize, padding: usize) -> Result<Tensor> {
+/// `bf16`: whether bf16 compute may round the factors.
+pub fn conv2d_dense(x: &Tensor, w: &Tensor, stride: usize, padding: usize, bf16: bool) -> Result<Tensor> {
     let w = w.contiguous()?;
     let (storage, layout) = w.storage_and_layout();
     let candle_core::Storage::Cpu(cpu) = &*storage else {
         candle_core::bail!("dense conv kernel: the weight is not on the CPU");
     };
     let data = input_f32(cpu, layout)?;
-    x.contiguous()?.apply_op1_no_bwd(&ConvOp { w: View::Slice(data, w.dims()), stride, padding, block: EXPAND_BLOCK_VALUES })
+    x.contiguous()?.apply_op1_no_bwd(&ConvOp { w: View::Slice(data, w.dims()), stride, padding, block: EXPAND_BLOCK_VALUES, bf16 })
 }
 
 /// Gathers rows of a mapped [rows, dim] table.
@@ -614,7 +629,7 @@ mod tests {
             let (w, wt, _d) = mapped(&[n, k], 1);
             let x = crate::samplers::Rng::new(2).randn(&[rows, k], &Device::Cpu).unwrap();
             let want = x.matmul(&wt.t().unwrap()).unwrap();
-            assert!(max_rel(&linear(&x, &w).unwrap(), &want) < 1e-5);
+            assert!(max_rel(&linear(&x, &w, true).unwrap(), &want) < 1e-5);
         }
     }
 
@@ -632,15 +647,15 @@ mod tests {
             let (wm, wt, _d) = mapped(&[o, c, k, k], 3);
             let x = crate::samplers::Rng::new(4).randn(&[b, c, h, w], &Device::Cpu).unwrap();
             let want = x.conv2d(&wt, p, s, 1, 1).unwrap();
-            let got = conv2d(&x, &wm, s, p).unwrap();
+            let got = conv2d(&x, &wm, s, p, true).unwrap();
             assert_eq!(got.dims(), want.dims());
             assert!(max_rel(&got, &want) < 1e-5, "{:?}", (b, c, o, h, w, k, s, p));
             // The same kernel over a dense tensor's storage, also from a strided view.
-            let dense = conv2d_dense(&x, &wt, s, p).unwrap();
+            let dense = conv2d_dense(&x, &wt, s, p, true).unwrap();
             assert!(max_rel(&dense, &want) < 1e-5, "dense {:?}", (b, c, o, h, w, k, s, p));
             let strided = wt.transpose(2, 3).unwrap();
             let want_t = x.conv2d(&strided.contiguous().unwrap(), p, s, 1, 1).unwrap();
-            assert!(max_rel(&conv2d_dense(&x, &strided, s, p).unwrap(), &want_t) < 1e-5);
+            assert!(max_rel(&conv2d_dense(&x, &strided, s, p, true).unwrap(), &want_t) < 1e-5);
         }
     }
 

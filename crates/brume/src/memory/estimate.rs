@@ -89,7 +89,8 @@ pub fn segment_weights(model: &SdModel, seg: Segment, dtype: DType) -> SegmentWe
         let numel: usize = shape.iter().product();
         if dtype == DType::F32 && shape.len() >= 2 {
             w.mapped += t.nbytes() as u64;
-            if bf16_copies && scheme == Scheme::F32 && !name.contains("embeddings.") && !name.contains("downsamplers.") {
+            let rounded = !name.contains("embeddings.") && !name.contains("downsamplers.") && !crate::layers::f32_products(name);
+            if bf16_copies && scheme == Scheme::F32 && rounded {
                 w.private += numel as u64 * 2;
             }
             // Embedding tables are gathered row by row, with no scratch.

@@ -24,17 +24,22 @@ pub struct Kernels {
     /// rows per thread (under a megabyte at SD sizes), or for narrow maps a
     /// zero-bordered copy of the input (at most 16 MiB), not an im2col band.
     pub direct_conv: bool,
+    /// The bf16 attention kernel that runs, if any: it rounds every head's keys and
+    /// values into packed copies that live for the call.
+    pub bf16_attention: Option<crate::kernels::Bf16Attention>,
 }
 
 impl Kernels {
     /// candle's plain ops (`--kernels reference`, other devices, non-f32 compute).
-    pub const REFERENCE: Self = Self { fused_norm: false, fused_attention: false, direct_conv: false };
+    pub const REFERENCE: Self = Self { fused_norm: false, fused_attention: false, direct_conv: false, bf16_attention: None };
 
     /// What this process runs on the CPU for activations of `dtype`, by the
     /// layers' own rules (`kernels::fast_for`, `kernels::fused_attention_on_cpu`).
     pub fn current(dtype: candle_core::DType) -> Self {
         let fast = crate::kernels::fast_for(dtype);
-        Self { fused_norm: fast, fused_attention: crate::kernels::fused_attention_on_cpu(), direct_conv: fast }
+        let fused_attention = crate::kernels::fused_attention_on_cpu();
+        let bf16_attention = if fused_attention { crate::kernels::bf16_attention() } else { None };
+        Self { fused_norm: fast, fused_attention, direct_conv: fast, bf16_attention }
     }
 }
 
@@ -158,9 +163,19 @@ fn resnet(sim: &mut Sim, m: Map, cin: usize, cout: usize, temb: bool) {
 #[allow(clippy::too_many_arguments)]
 fn attention(sim: &mut Sim, b: u64, heads: u64, nq: u64, nk: u64, cq: u64, ckv: u64, mode: AttentionMode) {
     // The kernel reads q, k, v in place (their last dimension is contiguous)
-    // and writes the output; its scratch is one tile.
+    // and writes the output; its scratch is one tile. A bf16 kernel also packs the
+    // rounded keys and values (2 bytes each), padded to its granule along the keys
+    // and the head dimension.
     if sim.kernels.fused_attention {
-        sim.spike(cq);
+        let packs = match sim.kernels.bf16_attention {
+            None => 0,
+            Some(kernel) => {
+                let g = if kernel == crate::kernels::Bf16Attention::Tiles { 32 } else { 2 };
+                let d = (ckv / 4 / (b * nk * heads).max(1)).max(1);
+                2 * b * heads * nk.next_multiple_of(g) * d.next_multiple_of(g) * 2
+            }
+        };
+        sim.spike(cq + packs);
         return;
     }
     // Contiguous per-head copies of q, k, v; the scores, then scaled scores /
