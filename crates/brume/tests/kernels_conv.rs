@@ -98,12 +98,14 @@ fn layer_dispatch_matches_plain_conv_in_both_modes() {
     }
 }
 
+/// Tails of every kind, k split into several chunks (801), and tasks that walk several
+/// 48-row chunks against several column strips (m 100, n 801).
 #[test]
 fn linear_kernel_many_shapes() {
     use brume::kernels::matmul::linear_on;
     let dev = Device::Cpu;
     let mut rng = Rng::new(13);
-    for &(m, k, n) in &[(1, 1, 1), (1, 320, 1280), (5, 7, 3), (6, 16, 16), (77, 64, 64), (130, 96, 257), (49, 33, 40), (300, 320, 33)] {
+    for &(m, k, n) in &[(1, 1, 1), (1, 320, 1280), (5, 7, 3), (6, 16, 16), (77, 64, 64), (130, 96, 257), (49, 33, 40), (300, 320, 33), (100, 801, 70), (100, 300, 801)] {
         let a = rng.randn(&[m, k], &dev).unwrap();
         let w = rng.randn(&[n, k], &dev).unwrap();
         let want = a.matmul(&w.t().unwrap()).unwrap();
@@ -185,13 +187,15 @@ fn linear_bf16_matches_the_rounded_f32_product() {
         eprintln!("no AVX512-BF16 on this CPU: bf16 GEMM not run");
         return;
     }
-    // k odd and past one 256-value panel, n with and without vector tails, m under a block.
-    let shapes = [(1, 1, 1), (5, 7, 3), (6, 16, 16), (77, 64, 64), (130, 301, 257), (49, 33, 40), (300, 320, 33), (13, 640, 96)];
+    // k odd, in one panel and split evenly over several (801 values: 3 panels of
+    // ~134 pairs), n with and without vector tails, m under a block, and tasks that
+    // walk several 48-row chunks against several column strips (m 100, n 801).
+    let shapes = [(1, 1, 1), (5, 7, 3), (6, 16, 16), (77, 64, 64), (130, 301, 257), (49, 33, 40), (300, 320, 33), (13, 640, 96), (100, 801, 70), (61, 390, 97), (100, 70, 801), (100, 801, 801)];
     check_rounded_linear(linear_bf16, &shapes, 15);
 }
 
 /// The forms the layers keep under `--compute bf16` without AMX: a linear weight
-/// rounded once into column strips (k past one 256-value panel, so a strip spans
+/// rounded once into column strips (k past one 384-value panel, so a strip spans
 /// several of the task's K steps), a 1x1 kernel rounded once into pair rows, and a
 /// 3x3 kernel rounded once into its channel-pair table.
 #[test]
@@ -202,7 +206,7 @@ fn prepacked_bf16_weights_match_the_rounded_f32_products() {
         eprintln!("no AVX512-BF16 on this CPU: packed bf16 weights not run");
         return;
     }
-    let shapes = [(1, 1, 1), (5, 7, 3), (6, 16, 16), (77, 64, 64), (130, 301, 257), (49, 33, 40), (300, 320, 33), (13, 640, 96), (7, 1281, 70)];
+    let shapes = [(1, 1, 1), (5, 7, 3), (6, 16, 16), (77, 64, 64), (130, 301, 257), (49, 33, 40), (300, 320, 33), (13, 640, 96), (7, 1281, 70), (100, 801, 70), (100, 801, 801)];
     check_rounded_linear(linear_bf16_prepacked, &shapes, 20);
     check_rounded_linear(|a, w| conv1x1_bf16_prepacked(a, &w.t()?.contiguous()?), &shapes, 21);
 }

@@ -292,12 +292,13 @@ pub(super) fn rel_err(got: &Tensor, want: &Tensor) -> anyhow::Result<f32> {
     Ok(diff / want.abs()?.max_all()?.to_scalar::<f32>()?.max(f32::MIN_POSITIVE))
 }
 
-/// Seconds of one call. The blocks the allocator keeps for reuse are released
-/// first, off the clock: otherwise a variant pays for unmapping what the one before
-/// it freed (the reference attention's 512 MiB of scores took 30 ms of a bf16
-/// attention call's 105 when its first allocation made room for itself).
-fn time(f: impl FnOnce() -> candle_core::Result<Tensor>) -> anyhow::Result<f64> {
-    brume::runtime::memory::release_reused_blocks();
+/// Seconds of one call in steady state: the call runs once untimed just before, so
+/// the blocks the allocator keeps for reuse are this op's own, as when a UNet repeats
+/// its shapes. Without that, a variant paid for unmapping what the one before it freed
+/// (the reference attention's 512 MiB of scores took 30 ms of a bf16 attention call's
+/// 105), or, with the kept blocks released, for faulting in its output afresh.
+fn time(f: impl Fn() -> candle_core::Result<Tensor>) -> anyhow::Result<f64> {
+    drop(f()?);
     let t = Instant::now();
     drop(f()?);
     Ok(t.elapsed().as_secs_f64())

@@ -174,12 +174,19 @@ unsafe fn task_avx2(p: &Problem, rows: std::ops::Range<usize>, cols: std::ops::R
     unsafe { task::<super::simd::Avx2>(p, rows, cols, panel, out) }
 }
 
-/// Bytes of B's packed panel (KC x 2 vectors): it is reread by every row block of
-/// the task, so it must stay in a 32 KB L1 with room for the A rows streaming by.
+/// Bytes of one packed strip of B (KC x 2 vectors): it is reread by every row block
+/// of a chunk, so it must stay in a 32 KB L1 with room for the A rows streaming by.
 const PANEL_BYTES: usize = 16 * 1024;
+/// Rows of A per chunk: 48 rows x 128 values = 24 KB, reused from L1/L2 by every
+/// strip of the task.
+const MC: usize = 8 * MR;
 
-/// One task: rows x cols of the output, panel by panel of B, KC values of k at a
-/// time (the partial sums of one KC chunk are picked up by the next from `out`).
+/// One task: rows x cols of the output, GotoBLAS-style. For each chunk of k (an even
+/// split into at most KC values), the task's strips of B are packed, then its rows
+/// are taken MC at a time and each row chunk runs against every strip (the partial
+/// sums of one k chunk are picked up by the next from `out`). A row chunk stays in
+/// L1/L2 while the strips go by; walking all rows per strip instead re-read A from
+/// L3 for every two vectors of columns.
 ///
 /// SAFETY: the CPU has `S`'s features; `out` points at the m x n output, of which
 /// this call writes only `rows` x `cols`; the slices in `p` were bounds-checked.
@@ -187,18 +194,20 @@ const PANEL_BYTES: usize = 16 * 1024;
 unsafe fn task<S: Simd>(p: &Problem, rows: std::ops::Range<usize>, cols: std::ops::Range<usize>, panel: &mut Vec<f32>, out: SharedMut) {
     let nr = 2 * S::LANES;
     let k = p.k;
-    let kc_max = (PANEL_BYTES / 4 / nr).min(k);
-    if panel.len() < kc_max * nr {
-        panel.resize(kc_max * nr, 0.0);
+    let chunks = k.div_ceil(PANEL_BYTES / 4 / nr);
+    let kc_max = k.div_ceil(chunks);
+    let strips = cols.len().div_ceil(nr);
+    if panel.len() < strips * kc_max * nr {
+        panel.resize(strips * kc_max * nr, 0.0);
     }
     let mut tail = [0f32; 64];
-    let mut j0 = cols.start;
-    while j0 < cols.end {
-        let w = nr.min(p.n - j0);
-        let mut k0 = 0;
-        while k0 < k {
-            let kc = kc_max.min(k - k0);
-            let panel = &mut panel[..kc * nr];
+    let mut k0 = 0;
+    while k0 < k {
+        let kc = kc_max.min(k - k0);
+        for s in 0..strips {
+            let j0 = cols.start + s * nr;
+            let w = nr.min(p.n - j0);
+            let panel = &mut panel[s * kc * nr..(s + 1) * kc * nr];
             // Pack B[k0..k0 + kc][j0..j0 + w] into panel[kk * nr + j], zeros past w.
             // A [k, n] B is packed too: in place its rows lie a power of two apart
             // (h * w floats), all in the same few L1 sets, evicting each other.
@@ -223,52 +232,60 @@ unsafe fn task<S: Simd>(p: &Problem, rows: std::ops::Range<usize>, cols: std::op
                     }
                 }
             }
-            let strip = panel.as_ptr();
-            let mut i0 = rows.start;
-            while i0 < rows.end {
-                let arows: [*const f32; MR] = std::array::from_fn(|i| {
-                    let r = (i0 + i).min(p.m - 1);
-                    // SAFETY: r < m, and row r of A (lda apart, k long) was bounds-checked; k0 < k.
-                    unsafe { p.a.as_ptr().add(r * p.lda + k0) }
-                });
-                let live = MR.min(rows.end - i0);
-                // SAFETY: rows i0..i0 + live < m and columns j0..j0 + w <= n lie in the output.
-                let row_ptr = |i: usize| unsafe { out.get().add((i0 + i) * p.n + j0) };
-                let mut acc = [[unsafe { S::splat(0.0) }; 2]; MR];
-                if k0 > 0 {
-                    for (i, a) in acc.iter_mut().enumerate().take(live) {
-                        // SAFETY: as for row_ptr; a short row goes through `tail`.
-                        unsafe {
-                            if w == nr {
-                                *a = [S::load(row_ptr(i)), S::load(row_ptr(i).add(S::LANES))];
-                            } else {
-                                std::ptr::copy_nonoverlapping(row_ptr(i), tail.as_mut_ptr(), w);
-                                *a = [S::load(tail.as_ptr()), S::load(tail.as_ptr().add(S::LANES))];
+        }
+        let mut ic = rows.start;
+        while ic < rows.end {
+            let chunk_end = (ic + MC).min(rows.end);
+            for s in 0..strips {
+                let j0 = cols.start + s * nr;
+                let w = nr.min(p.n - j0);
+                let strip = panel[s * kc * nr..].as_ptr();
+                let mut i0 = ic;
+                while i0 < chunk_end {
+                    let arows: [*const f32; MR] = std::array::from_fn(|i| {
+                        let r = (i0 + i).min(p.m - 1);
+                        // SAFETY: r < m, and row r of A (lda apart, k long) was bounds-checked; k0 < k.
+                        unsafe { p.a.as_ptr().add(r * p.lda + k0) }
+                    });
+                    let live = MR.min(chunk_end - i0);
+                    // SAFETY: rows i0..i0 + live < m and columns j0..j0 + w <= n lie in the output.
+                    let row_ptr = |i: usize| unsafe { out.get().add((i0 + i) * p.n + j0) };
+                    let mut acc = [[unsafe { S::splat(0.0) }; 2]; MR];
+                    if k0 > 0 {
+                        for (i, a) in acc.iter_mut().enumerate().take(live) {
+                            // SAFETY: as for row_ptr; a short row goes through `tail`.
+                            unsafe {
+                                if w == nr {
+                                    *a = [S::load(row_ptr(i)), S::load(row_ptr(i).add(S::LANES))];
+                                } else {
+                                    std::ptr::copy_nonoverlapping(row_ptr(i), tail.as_mut_ptr(), w);
+                                    *a = [S::load(tail.as_ptr()), S::load(tail.as_ptr().add(S::LANES))];
+                                }
                             }
                         }
                     }
-                }
-                // SAFETY: the strip holds kc rows of 2 vectors; each A row pointer kc floats.
-                unsafe { block::<S>(&mut acc, &arows, strip, kc) };
-                for (i, a) in acc.iter().enumerate().take(live) {
-                    // SAFETY: as for row_ptr.
-                    unsafe {
-                        let d = row_ptr(i);
-                        if w == nr {
-                            S::store(d, a[0]);
-                            S::store(d.add(S::LANES), a[1]);
-                        } else {
-                            S::store(tail.as_mut_ptr(), a[0]);
-                            S::store(tail.as_mut_ptr().add(S::LANES), a[1]);
-                            std::ptr::copy_nonoverlapping(tail.as_ptr(), d, w);
+                    // SAFETY: the strip holds kc rows of 2 vectors; each A row pointer kc floats.
+                    unsafe { block::<S>(&mut acc, &arows, strip, kc) };
+                    for (i, a) in acc.iter().enumerate().take(live) {
+                        // SAFETY: as for row_ptr.
+                        unsafe {
+                            let d = row_ptr(i);
+                            if w == nr {
+                                S::store(d, a[0]);
+                                S::store(d.add(S::LANES), a[1]);
+                            } else {
+                                S::store(tail.as_mut_ptr(), a[0]);
+                                S::store(tail.as_mut_ptr().add(S::LANES), a[1]);
+                                std::ptr::copy_nonoverlapping(tail.as_ptr(), d, w);
+                            }
                         }
                     }
+                    i0 += MR;
                 }
-                i0 += MR;
             }
-            k0 += kc;
+            ic = chunk_end;
         }
-        j0 += nr;
+        k0 += kc;
     }
 }
 

@@ -27,8 +27,10 @@ use super::SharedMut;
 const MR: usize = 6;
 const L: usize = 16;
 const NR: usize = 2 * L;
-/// Pairs of k per packed panel: 128 x 32 words = 16 KB, an L1-resident panel.
-const KCP: usize = 128;
+/// Most pairs of k per packed panel: 192 x 32 words = 24 KB, an L1-resident strip.
+const KCP: usize = 192;
+/// Rows per chunk: 48 rows x 192 pairs = 36 KB of A, reused from L1/L2 by every strip.
+const MC: usize = 8 * MR;
 
 thread_local! {
     static PANEL: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
@@ -192,9 +194,6 @@ fn run(a: &PackedPairRows, n: usize, b: Right, dst: &mut [f32]) -> Result<()> {
         }
         PANEL.with(|cell| {
             let mut panel = cell.borrow_mut();
-            if matches!(b, Right::Raw { .. }) && panel.len() < KCP * NR {
-                panel.resize(KCP * NR, 0);
-            }
             #[cfg(target_arch = "x86_64")]
             // SAFETY: AVX512-BF16 checked by every caller; the task writes only dst rows
             // `rows` x columns `cols`, disjoint from other tasks and inside dst.
@@ -255,8 +254,17 @@ unsafe fn pack_panel(b: &[f32], bl: BLayout, k: usize, j0: usize, w: usize, p0: 
     }
 }
 
+/// The task's product, GotoBLAS-style: for each panel of k (an even split of the
+/// pairs into at most KCP), B's strips for the task's columns are rounded (or found
+/// packed), then rows are taken MC at a time and each chunk runs against every strip.
+/// A chunk's pair rows (MC x pc words) stay in L1/L2 while the strips go by, and
+/// each strip (pc x NR words) in L1 while the chunk's row blocks go by; walking all
+/// rows per strip instead re-streamed A from L3 for every 32 columns (a 4096 x 320 x
+/// 2560 product ran at 230 GFLOP/s, the 320-column one at 310).
+///
 /// SAFETY: AVX512-BF16; `out` is the m x n output of which only `rows` x `cols` is
-/// written; B's panels lie where `b` says (checked by the callers).
+/// written; B's panels lie where `b` says (checked by the callers); `cols` starts on
+/// a multiple of NR.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bf16,avx512bw")]
 #[allow(clippy::too_many_arguments)]
@@ -268,72 +276,87 @@ unsafe fn task(
     b: Right,
     rows: std::ops::Range<usize>,
     cols: std::ops::Range<usize>,
-    panel: &mut [u32],
+    panel: &mut Vec<u32>,
     out: SharedMut,
 ) {
     let kp = k.div_ceil(2);
+    let panels = kp.div_ceil(KCP);
+    let pc_max = kp.div_ceil(panels);
+    let strips = cols.len().div_ceil(NR);
+    if matches!(b, Right::Raw { .. }) && panel.len() < strips * pc_max * NR {
+        panel.resize(strips * pc_max * NR, 0);
+    }
     let mut tail = [0f32; NR];
-    let mut j0 = cols.start;
-    while j0 < cols.end {
-        let w = NR.min(n - j0);
-        let mut p0 = 0;
-        while p0 < kp {
-            let pc = KCP.min(kp - p0);
-            let strip = match b {
-                Right::Raw { b, bl } => {
-                    // SAFETY: forwarded; the panel scratch holds KCP * NR >= pc * NR words.
-                    unsafe { pack_panel(b, bl, k, j0, w, p0, pc, panel) };
-                    panel.as_ptr()
-                }
+    let mut p0 = 0;
+    while p0 < kp {
+        let pc = pc_max.min(kp - p0);
+        if let Right::Raw { b, bl } = b {
+            for s in 0..strips {
+                let j0 = cols.start + s * NR;
+                // SAFETY: forwarded; the scratch holds strips * pc_max * NR words.
+                unsafe { pack_panel(b, bl, k, j0, NR.min(n - j0), p0, pc, &mut panel[s * pc * NR..]) };
+            }
+        }
+        let strip = |s: usize| -> *const u32 {
+            match b {
+                Right::Raw { .. } => panel[s * pc * NR..].as_ptr(),
                 // SAFETY: column strips start at multiples of NR (the split's spans are
-                // whole blocks), and strip j0 / NR has kp rows of NR words from p0 = 0.
-                Right::Strips(s) => unsafe { s.data.as_ptr().add(((j0 / NR) * kp + p0) * NR) },
-            };
-            let mut i0 = rows.start;
-            while i0 < rows.end {
-                let arows: [*const u32; MR] = std::array::from_fn(|i| {
-                    let r = (i0 + i).min(m - 1);
-                    // SAFETY: r < m; row r of the pair table has kp words, p0 < kp.
-                    unsafe { ap.as_ptr().add(r * kp + p0) }
-                });
-                let live = MR.min(rows.end - i0);
-                // SAFETY: rows i0..i0 + live < m, columns j0..j0 + w <= n: inside the output.
-                let row_ptr = |i: usize| unsafe { out.get().add((i0 + i) * n + j0) };
-                let mut acc = [[_mm512_setzero_ps(); 2]; MR];
-                if p0 > 0 {
-                    for (i, a) in acc.iter_mut().enumerate().take(live) {
-                        // SAFETY: as for row_ptr; a short row goes through `tail`.
-                        unsafe {
-                            if w == NR {
-                                *a = [_mm512_loadu_ps(row_ptr(i)), _mm512_loadu_ps(row_ptr(i).add(L))];
-                            } else {
-                                std::ptr::copy_nonoverlapping(row_ptr(i), tail.as_mut_ptr(), w);
-                                *a = [_mm512_loadu_ps(tail.as_ptr()), _mm512_loadu_ps(tail.as_ptr().add(L))];
+                // whole blocks), and strip j / NR has kp rows of NR words from p0 = 0.
+                Right::Strips(st) => unsafe { st.data.as_ptr().add(((cols.start / NR + s) * kp + p0) * NR) },
+            }
+        };
+        let mut ic = rows.start;
+        while ic < rows.end {
+            let chunk_end = (ic + MC).min(rows.end);
+            for s in 0..strips {
+                let (j0, bs) = (cols.start + s * NR, strip(s));
+                let w = NR.min(n - j0);
+                let mut i0 = ic;
+                while i0 < chunk_end {
+                    let arows: [*const u32; MR] = std::array::from_fn(|i| {
+                        let r = (i0 + i).min(m - 1);
+                        // SAFETY: r < m; row r of the pair table has kp words, p0 < kp.
+                        unsafe { ap.as_ptr().add(r * kp + p0) }
+                    });
+                    let live = MR.min(chunk_end - i0);
+                    // SAFETY: rows i0..i0 + live < m, columns j0..j0 + w <= n: inside the output.
+                    let row_ptr = |i: usize| unsafe { out.get().add((i0 + i) * n + j0) };
+                    let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+                    if p0 > 0 {
+                        for (i, a) in acc.iter_mut().enumerate().take(live) {
+                            // SAFETY: as for row_ptr; a short row goes through `tail`.
+                            unsafe {
+                                if w == NR {
+                                    *a = [_mm512_loadu_ps(row_ptr(i)), _mm512_loadu_ps(row_ptr(i).add(L))];
+                                } else {
+                                    std::ptr::copy_nonoverlapping(row_ptr(i), tail.as_mut_ptr(), w);
+                                    *a = [_mm512_loadu_ps(tail.as_ptr()), _mm512_loadu_ps(tail.as_ptr().add(L))];
+                                }
                             }
                         }
                     }
-                }
-                // SAFETY: the strip holds pc pair-rows of NR words; each A pointer pc words.
-                unsafe { block(&mut acc, &arows, strip, pc) };
-                for (i, a) in acc.iter().enumerate().take(live) {
-                    // SAFETY: as for row_ptr.
-                    unsafe {
-                        let d = row_ptr(i);
-                        if w == NR {
-                            _mm512_storeu_ps(d, a[0]);
-                            _mm512_storeu_ps(d.add(L), a[1]);
-                        } else {
-                            _mm512_storeu_ps(tail.as_mut_ptr(), a[0]);
-                            _mm512_storeu_ps(tail.as_mut_ptr().add(L), a[1]);
-                            std::ptr::copy_nonoverlapping(tail.as_ptr(), d, w);
+                    // SAFETY: the strip holds pc pair-rows of NR words; each A pointer pc words.
+                    unsafe { block(&mut acc, &arows, bs, pc) };
+                    for (i, a) in acc.iter().enumerate().take(live) {
+                        // SAFETY: as for row_ptr.
+                        unsafe {
+                            let d = row_ptr(i);
+                            if w == NR {
+                                _mm512_storeu_ps(d, a[0]);
+                                _mm512_storeu_ps(d.add(L), a[1]);
+                            } else {
+                                _mm512_storeu_ps(tail.as_mut_ptr(), a[0]);
+                                _mm512_storeu_ps(tail.as_mut_ptr().add(L), a[1]);
+                                std::ptr::copy_nonoverlapping(tail.as_ptr(), d, w);
+                            }
                         }
                     }
+                    i0 += MR;
                 }
-                i0 += MR;
             }
-            p0 += pc;
+            ic = chunk_end;
         }
-        j0 += NR;
+        p0 += pc;
     }
 }
 
