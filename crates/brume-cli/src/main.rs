@@ -22,10 +22,11 @@ struct Cli {
     /// ops, to check a result or a timing against them).
     #[arg(long, global = true, default_value = "fast", value_parser = ["fast", "reference"])]
     kernels: String,
-    /// What the CPU kernels multiply in: `f32`, or `bf16` (convolutions' and linear
-    /// layers' factors rounded to bf16, f32 sums; on AMX tiles where the CPU has them, else
-    /// AVX512-BF16; ~1e-3 relative error per layer). In-place f32 weights then keep a
-    /// packed bf16 copy (half their bytes, private memory).
+    /// What the CPU kernels multiply in: `f32`, or `bf16` (the factors of convolutions,
+    /// linear layers and attention rounded to bf16, f32 sums and softmax; on AMX tiles where
+    /// the CPU has them, else AVX512-BF16; ~1e-3 relative error per layer; the timestep and
+    /// text projections and each network's first and last convolution stay f32). In-place
+    /// f32 weights then keep a packed bf16 copy (half their bytes, private memory).
     #[arg(long, global = true, default_value = "f32", value_parser = ["f32", "bf16"])]
     compute: String,
     #[command(subcommand)]

@@ -154,7 +154,7 @@ pub fn bf16_copies_for(dtype: DType) -> bool {
 /// The bf16 attention kernel `--compute bf16` runs on this CPU: AMX tiles
 /// ([`attention_amx`], unless `BRUME_AMX_ATTENTION=off`, when attention stays f32
 /// for comparison) or AVX512-BF16 vectors ([`attention_bf16`]). `None` under f32
-/// compute. One rule for the attention layer and the memory estimator, which counts
+/// compute, and with `BRUME_BF16_ATTENTION=off` (f32 attention, to compare). One rule for the attention layer and the memory estimator, which counts
 /// the rounded keys and values each kernel packs per call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Bf16Attention {
@@ -163,7 +163,9 @@ pub enum Bf16Attention {
 }
 
 pub fn bf16_attention() -> Option<Bf16Attention> {
-    if compute() != Compute::Bf16 {
+    static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let off = *OFF.get_or_init(|| std::env::var("BRUME_BF16_ATTENTION").is_ok_and(|v| v == "off" || v == "0"));
+    if compute() != Compute::Bf16 || off {
         None
     } else if amx::attention_enabled() {
         Some(Bf16Attention::Tiles)
