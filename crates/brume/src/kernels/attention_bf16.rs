@@ -146,6 +146,8 @@ impl CustomOp3 for Bf16Attention {
         let mut kp = vec![0u32; b * h * nk * d2];
         let mut vp = vec![0u32; b * h * nk2 * d];
         kp.par_chunks_mut(nk * d2).zip(vp.par_chunks_mut(nk2 * d)).enumerate().for_each(|(bh, (kh, vh))| {
+            #[cfg(not(target_arch = "x86_64"))]
+            let _ = (&kh, &vh);
             let head = (bh / h) * ks[0] + (bh % h) * ks[1];
             for j in 0..nk {
                 let row = &k[head + j * ks[2]..][..d];

@@ -28,8 +28,10 @@ const MR: usize = 6;
 const L: usize = 16;
 const NR: usize = 2 * L;
 /// Most pairs of k per packed panel: 192 x 32 words = 24 KB, an L1-resident strip.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const KCP: usize = 192;
 /// Rows per chunk: 48 rows x 192 pairs = 36 KB of A, reused from L1/L2 by every strip.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const MC: usize = 8 * MR;
 
 thread_local! {
