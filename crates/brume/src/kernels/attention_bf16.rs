@@ -208,6 +208,7 @@ impl CustomOp3 for Bf16Attention {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
+    pub(super) use super::super::flash_attention;
     pub(super) use super::super::simd::{Avx512, Simd};
     pub(super) use std::arch::x86_64::*;
 
@@ -280,14 +281,8 @@ unsafe fn tile(c: &Call, bh: usize, q0: usize, scr: &mut Scratch) {
                 }
                 j += rows;
             }
-            if c.causal && j0 + bc - 1 > q0 {
-                for jj in 0..bc {
-                    for i in 0..BR {
-                        if j0 + jj > q0 + i {
-                            *st.add(jj * BR + i) = f32::NEG_INFINITY;
-                        }
-                    }
-                }
+            if c.causal {
+                flash_attention::mask_future_keys(st, BR, bc, j0, q0);
             }
             softmax_step(st, bc, mp, lp, ap, pt);
             // O^T = O^T * alpha + V^T P^T, 5 head dimensions per register block.
@@ -309,14 +304,7 @@ unsafe fn tile(c: &Call, bh: usize, q0: usize, scr: &mut Scratch) {
         }
 
         // out[b, q0 + i, h, :] = O^T[:, i] / l[i]
-        let out = c.out.get();
-        for i in 0..nvalid {
-            let inv = 1.0 / *lp.add(i);
-            let row = out.add(((b * c.nq + q0 + i) * c.heads + h) * d);
-            for dd in 0..d {
-                *row.add(dd) = *ot.add(dd * BR + i) * inv;
-            }
-        }
+        flash_attention::write_rows(c.out.get().add(((b * c.nq + q0) * c.heads + h) * d), c.heads * d, ot, lp, BR, nvalid, d);
     }
 }
 

@@ -275,14 +275,8 @@ unsafe fn tile<S: Simd, const NV: usize, const MK: usize, const MD: usize>(
                 qk_rows::<S, NV>(rows, kp.add((j0 + j) * vw.ks[2]), vw.ks[2], qt, br, d, st.add(j * br));
                 j += rows;
             }
-            if vw.causal && j0 + bc - 1 > q0 {
-                for jj in 0..bc {
-                    for i in 0..br {
-                        if j0 + jj > q0 + i {
-                            *st.add(jj * br + i) = f32::NEG_INFINITY;
-                        }
-                    }
-                }
+            if vw.causal {
+                mask_future_keys(st, br, bc, j0, q0);
             }
             // Online softmax: new running maximum, rescale factor, exponentials, sums.
             for vi in 0..NV {
@@ -312,11 +306,41 @@ unsafe fn tile<S: Simd, const NV: usize, const MK: usize, const MD: usize>(
             j0 += bc;
         }
 
-        // out[b, q0 + i, h, :] = O^T[:, i] / l[i]
-        let out = vw.out.get();
-        for i in 0..nvalid {
-            let inv = 1.0 / *lp.add(i);
-            let row = out.add(((b * vw.nq + q0 + i) * vw.heads + h) * d);
+        write_rows(vw.out.get().add(((b * vw.nq + q0) * vw.heads + h) * d), vw.heads * d, ot, lp, br, nvalid, d);
+    }
+}
+
+/// Causal attention: the scores of keys `j0..j0 + bc` that come after their query
+/// (`q0 + lane`) become -inf, in a transposed `[bc][br]` score tile.
+///
+/// SAFETY: `st` holds bc rows of br floats.
+#[inline(always)]
+pub(super) unsafe fn mask_future_keys(st: *mut f32, br: usize, bc: usize, j0: usize, q0: usize) {
+    if j0 + bc - 1 <= q0 {
+        return;
+    }
+    for jj in 0..bc {
+        for i in 0..br {
+            if j0 + jj > q0 + i {
+                // SAFETY: jj < bc, i < br.
+                unsafe { *st.add(jj * br + i) = f32::NEG_INFINITY };
+            }
+        }
+    }
+}
+
+/// The tile's output: row i (at `out + i * stride`, d floats) = O^T[:, i] / l[i]
+/// for its `nvalid` queries, from the transposed `[d][br]` accumulator.
+///
+/// SAFETY: `out` has nvalid rows of d floats `stride` apart; `ot` d rows of br
+/// floats; `l` nvalid floats.
+#[inline(always)]
+pub(super) unsafe fn write_rows(out: *mut f32, stride: usize, ot: *const f32, l: *const f32, br: usize, nvalid: usize, d: usize) {
+    for i in 0..nvalid {
+        // SAFETY: as the contract says.
+        unsafe {
+            let inv = 1.0 / *l.add(i);
+            let row = out.add(i * stride);
             for dd in 0..d {
                 *row.add(dd) = *ot.add(dd * br + i) * inv;
             }
