@@ -107,17 +107,6 @@ impl Scratch {
     }
 }
 
-/// f32 -> bf16 bits, rounded to nearest even (the kernels' `vcvtneps2bf16` rule for
-/// the finite values attention sees).
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-fn bf16_bits(x: f32) -> u32 {
-    let b = x.to_bits();
-    if x.is_nan() {
-        return (b >> 16) | 0x40;
-    }
-    b.wrapping_add(0x7FFF + ((b >> 16) & 1)) >> 16
-}
-
 impl CustomOp3 for Bf16Attention {
     fn name(&self) -> &'static str {
         "brume-bf16-attention"
@@ -208,6 +197,7 @@ impl CustomOp3 for Bf16Attention {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
+    pub(super) use super::super::bf16::bf16_bits;
     pub(super) use super::super::flash_attention;
     pub(super) use super::super::simd::{Avx512, Simd};
     pub(super) use std::arch::x86_64::*;

@@ -31,6 +31,17 @@ pub(crate) fn require() -> candle_core::Result<()> {
     }
 }
 
+/// The scalar rule: f32 -> bf16 bits, rounded to nearest even (NaN stays NaN). What
+/// the vector routines below compute, for the few values a kernel rounds one at a time.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(crate) fn bf16_bits(x: f32) -> u32 {
+    let b = x.to_bits();
+    if x.is_nan() {
+        return (b >> 16) | 0x40;
+    }
+    (b.wrapping_add(0x7FFF + ((b >> 16) & 1))) >> 16
+}
+
 /// Rounds `src` into `src.len()` bf16 values at `dst`: consecutive values pair up
 /// into the 32-bit words `vdpbf16ps` takes (element 2p low, 2p + 1 high).
 ///
@@ -94,15 +105,6 @@ pub(crate) unsafe fn pack_pairs(lo: &[f32], hi: Option<&[f32]>, dst: *mut u32) {
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
     use super::*;
-
-    /// The scalar rule: f32 -> bf16 bits, rounded to nearest even (NaN stays NaN).
-    fn bf16_bits(x: f32) -> u32 {
-        let b = x.to_bits();
-        if x.is_nan() {
-            return (b >> 16) | 0x40;
-        }
-        (b.wrapping_add(0x7FFF + ((b >> 16) & 1))) >> 16
-    }
 
     #[test]
     fn vector_rounding_matches_the_scalar_rule() {

@@ -18,8 +18,8 @@ use rayon::prelude::*;
 use super::simd::{Portable, Simd};
 use super::{isa, require, Isa, SharedMut};
 
-/// Rows of A per register block.
-const MR: usize = 6;
+/// Rows of A per register block (the bf16 GEMM's too).
+pub(super) const MR: usize = 6;
 
 thread_local! {
     static PANEL: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
@@ -200,7 +200,6 @@ unsafe fn task<S: Simd>(p: &Problem, rows: std::ops::Range<usize>, cols: std::op
     if panel.len() < strips * kc_max * nr {
         panel.resize(strips * kc_max * nr, 0.0);
     }
-    let mut tail = [0f32; 64];
     let mut k0 = 0;
     while k0 < k {
         let kc = kc_max.min(k - k0);
@@ -249,36 +248,12 @@ unsafe fn task<S: Simd>(p: &Problem, rows: std::ops::Range<usize>, cols: std::op
                     });
                     let live = MR.min(chunk_end - i0);
                     // SAFETY: rows i0..i0 + live < m and columns j0..j0 + w <= n lie in the output.
-                    let row_ptr = |i: usize| unsafe { out.get().add((i0 + i) * p.n + j0) };
-                    let mut acc = [[unsafe { S::splat(0.0) }; 2]; MR];
-                    if k0 > 0 {
-                        for (i, a) in acc.iter_mut().enumerate().take(live) {
-                            // SAFETY: as for row_ptr; a short row goes through `tail`.
-                            unsafe {
-                                if w == nr {
-                                    *a = [S::load(row_ptr(i)), S::load(row_ptr(i).add(S::LANES))];
-                                } else {
-                                    std::ptr::copy_nonoverlapping(row_ptr(i), tail.as_mut_ptr(), w);
-                                    *a = [S::load(tail.as_ptr()), S::load(tail.as_ptr().add(S::LANES))];
-                                }
-                            }
-                        }
-                    }
-                    // SAFETY: the strip holds kc rows of 2 vectors; each A row pointer kc floats.
-                    unsafe { block::<S>(&mut acc, &arows, strip, kc) };
-                    for (i, a) in acc.iter().enumerate().take(live) {
-                        // SAFETY: as for row_ptr.
-                        unsafe {
-                            let d = row_ptr(i);
-                            if w == nr {
-                                S::store(d, a[0]);
-                                S::store(d.add(S::LANES), a[1]);
-                            } else {
-                                S::store(tail.as_mut_ptr(), a[0]);
-                                S::store(tail.as_mut_ptr().add(S::LANES), a[1]);
-                                std::ptr::copy_nonoverlapping(tail.as_ptr(), d, w);
-                            }
-                        }
+                    let at = unsafe { out.get().add(i0 * p.n + j0) };
+                    // SAFETY: as above; the strip holds kc rows of 2 vectors, each A row pointer kc floats.
+                    unsafe {
+                        let mut acc = if k0 > 0 { load_block::<S>(at, p.n, live, w) } else { [[S::splat(0.0); 2]; MR] };
+                        block::<S>(&mut acc, &arows, strip, kc);
+                        store_block::<S>(&acc, at, p.n, live, w);
                     }
                     i0 += MR;
                 }
@@ -286,6 +261,50 @@ unsafe fn task<S: Simd>(p: &Problem, rows: std::ops::Range<usize>, cols: std::op
             ic = chunk_end;
         }
         k0 += kc;
+    }
+}
+
+/// The partial sums of an output block: `live` rows of `w` (<= 2 vectors) floats
+/// from `at`, rows `ld` apart; a short row goes through a zero-padded copy.
+///
+/// SAFETY: the CPU has `S`'s features; those rows and columns lie in the output.
+#[inline(always)]
+pub(super) unsafe fn load_block<S: Simd>(at: *const f32, ld: usize, live: usize, w: usize) -> [[S::V; 2]; MR] {
+    unsafe {
+        let mut acc = [[S::splat(0.0); 2]; MR];
+        for (i, a) in acc.iter_mut().enumerate().take(live) {
+            let row = at.add(i * ld);
+            if w == 2 * S::LANES {
+                *a = [S::load(row), S::load(row.add(S::LANES))];
+            } else {
+                let mut tail = [0f32; 64];
+                std::ptr::copy_nonoverlapping(row, tail.as_mut_ptr(), w);
+                *a = [S::load(tail.as_ptr()), S::load(tail.as_ptr().add(S::LANES))];
+            }
+        }
+        acc
+    }
+}
+
+/// Writes an output block back: `live` rows of `w` (<= 2 vectors) floats to `at`,
+/// rows `ld` apart; a short row through a copy.
+///
+/// SAFETY: the CPU has `S`'s features; those rows and columns lie in the output.
+#[inline(always)]
+pub(super) unsafe fn store_block<S: Simd>(acc: &[[S::V; 2]; MR], at: *mut f32, ld: usize, live: usize, w: usize) {
+    unsafe {
+        for (i, a) in acc.iter().enumerate().take(live) {
+            let row = at.add(i * ld);
+            if w == 2 * S::LANES {
+                S::store(row, a[0]);
+                S::store(row.add(S::LANES), a[1]);
+            } else {
+                let mut tail = [0f32; 64];
+                S::store(tail.as_mut_ptr(), a[0]);
+                S::store(tail.as_mut_ptr().add(S::LANES), a[1]);
+                std::ptr::copy_nonoverlapping(tail.as_ptr(), row, w);
+            }
+        }
     }
 }
 

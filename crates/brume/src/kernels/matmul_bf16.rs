@@ -18,13 +18,16 @@ use rayon::prelude::*;
 
 #[cfg(target_arch = "x86_64")]
 use super::bf16::{pack_pairs, round_into};
+#[cfg(target_arch = "x86_64")]
+use super::matmul::{load_block, store_block};
+#[cfg(target_arch = "x86_64")]
+use super::simd::Avx512;
 use super::bf16::require;
-use super::matmul::{check, BLayout, Split};
+// MR, rows of A per register block: the f32 GEMM's, whose task split and output
+// block loads and stores this uses.
+use super::matmul::{check, BLayout, Split, MR};
 use super::SharedMut;
 
-/// Rows of A per register block (as in [`super::matmul`], whose task split this uses).
-#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-const MR: usize = 6;
 const L: usize = 16;
 const NR: usize = 2 * L;
 /// Most pairs of k per packed panel: 192 x 32 words = 24 KB, an L1-resident strip.
@@ -288,7 +291,6 @@ unsafe fn task(
     if matches!(b, Right::Raw { .. }) && panel.len() < strips * pc_max * NR {
         panel.resize(strips * pc_max * NR, 0);
     }
-    let mut tail = [0f32; NR];
     let mut p0 = 0;
     while p0 < kp {
         let pc = pc_max.min(kp - p0);
@@ -322,36 +324,12 @@ unsafe fn task(
                     });
                     let live = MR.min(chunk_end - i0);
                     // SAFETY: rows i0..i0 + live < m, columns j0..j0 + w <= n: inside the output.
-                    let row_ptr = |i: usize| unsafe { out.get().add((i0 + i) * n + j0) };
-                    let mut acc = [[_mm512_setzero_ps(); 2]; MR];
-                    if p0 > 0 {
-                        for (i, a) in acc.iter_mut().enumerate().take(live) {
-                            // SAFETY: as for row_ptr; a short row goes through `tail`.
-                            unsafe {
-                                if w == NR {
-                                    *a = [_mm512_loadu_ps(row_ptr(i)), _mm512_loadu_ps(row_ptr(i).add(L))];
-                                } else {
-                                    std::ptr::copy_nonoverlapping(row_ptr(i), tail.as_mut_ptr(), w);
-                                    *a = [_mm512_loadu_ps(tail.as_ptr()), _mm512_loadu_ps(tail.as_ptr().add(L))];
-                                }
-                            }
-                        }
-                    }
-                    // SAFETY: the strip holds pc pair-rows of NR words; each A pointer pc words.
-                    unsafe { block(&mut acc, &arows, bs, pc) };
-                    for (i, a) in acc.iter().enumerate().take(live) {
-                        // SAFETY: as for row_ptr.
-                        unsafe {
-                            let d = row_ptr(i);
-                            if w == NR {
-                                _mm512_storeu_ps(d, a[0]);
-                                _mm512_storeu_ps(d.add(L), a[1]);
-                            } else {
-                                _mm512_storeu_ps(tail.as_mut_ptr(), a[0]);
-                                _mm512_storeu_ps(tail.as_mut_ptr().add(L), a[1]);
-                                std::ptr::copy_nonoverlapping(tail.as_ptr(), d, w);
-                            }
-                        }
+                    let at = unsafe { out.get().add(i0 * n + j0) };
+                    // SAFETY: as above; the strip holds pc pair-rows of NR words, each A pointer pc words.
+                    unsafe {
+                        let mut acc = if p0 > 0 { load_block::<Avx512>(at, n, live, w) } else { [[_mm512_setzero_ps(); 2]; MR] };
+                        block(&mut acc, &arows, bs, pc);
+                        store_block::<Avx512>(&acc, at, n, live, w);
                     }
                     i0 += MR;
                 }

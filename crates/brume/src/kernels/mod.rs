@@ -151,17 +151,20 @@ pub fn bf16_copies_for(dtype: DType) -> bool {
     fast_for(dtype) && compute() == Compute::Bf16
 }
 
-/// The bf16 attention kernel `--compute bf16` runs on this CPU: AMX tiles
-/// ([`attention_amx`], unless `BRUME_AMX_ATTENTION=off`, when attention stays f32
-/// for comparison) or AVX512-BF16 vectors ([`attention_bf16`]). `None` under f32
-/// compute, and with `BRUME_BF16_ATTENTION=off` (f32 attention, to compare). One rule for the attention layer and the memory estimator, which counts
-/// the rounded keys and values each kernel packs per call.
+/// A bf16 attention kernel: on AMX tiles ([`attention_amx`]) or with AVX512-BF16
+/// vectors ([`attention_bf16`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Bf16Attention {
     Tiles,
     Vectors,
 }
 
+/// The bf16 attention kernel `--compute bf16` runs on this CPU: the tiles where it
+/// has AMX (unless `BRUME_AMX_ATTENTION=off`, when attention stays f32 for
+/// comparison), else the vectors. `None` under f32 compute, and with
+/// `BRUME_BF16_ATTENTION=off` (f32 attention, to compare). One rule for the
+/// attention layer and the memory estimator, which counts the rounded keys and
+/// values each kernel packs per call.
 pub fn bf16_attention() -> Option<Bf16Attention> {
     static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     let off = *OFF.get_or_init(|| std::env::var("BRUME_BF16_ATTENTION").is_ok_and(|v| v == "off" || v == "0"));

@@ -16,7 +16,6 @@ pub struct Linear {
     exact: bool,
 }
 
-
 impl Linear {
     /// Loads `weight` [out, in] and, when `bias`, `bias` [out].
     pub fn load(w: &Weights, in_features: usize, out_features: usize, bias: bool) -> std::result::Result<Self, LoadError> {
