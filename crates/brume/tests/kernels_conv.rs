@@ -38,6 +38,11 @@ fn conv3x3_many_shapes() {
         (1, 40, 12, 4, 4),
         (2, 37, 7, 16, 16),
         (1, 5, 6, 3, 72),
+        // The flat layout's blocking: several 32-channel panels with a short last
+        // one, several 48-channel output chunks with a short last one, and more
+        // position blocks than one task takes (3 images of 16x16).
+        (2, 75, 100, 8, 8),
+        (3, 33, 9, 16, 16),
     ] {
         let x = rng.randn(&[b, c, h, w], &dev).unwrap();
         let k = rng.randn(&[o, c, 3, 3], &dev).unwrap();
@@ -175,6 +180,13 @@ fn conv3x3_bf16_matches_the_rounded_f32_conv() {
         (2, 71, 13, 8, 8),
         (2, 36, 7, 16, 16),
         (1, 5, 6, 3, 72),
+        // The flat (narrow-map) path's blocking: several 32-pair channel panels with a
+        // short last one (150, 66 and odd 65 input channels), several 48-channel
+        // output chunks with a short last one (100 outputs), and more position blocks
+        // than one task takes (3 images of 16x16: 27 blocks of 32).
+        (2, 150, 100, 8, 8),
+        (3, 66, 9, 16, 16),
+        (1, 65, 50, 5, 20),
     ];
     check_rounded_conv(conv3x3_bf16, &shapes, 14);
 }

@@ -10,7 +10,9 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Instant;
 
 use anyhow::{bail, Context};
+use brume::kernels::conv3x3_bf16::PackedConvPairs;
 use brume::kernels::flash_attention::flash_attention;
+use brume::kernels::matmul_bf16::PackedStrips;
 use brume::kernels::group_norm::group_norm;
 use brume::layers::mapped::conv2d_dense;
 use brume::layers::{attention_reference, Activation, AttentionMask, GroupNorm};
@@ -38,8 +40,11 @@ pub struct KernelArgs {
 enum Op {
     Attention { q: Tensor, k: Tensor, scale: f64 },
     GroupNorm { x: Tensor, w: Tensor, b: Tensor, groups: usize, silu: bool },
-    Conv { x: Tensor, w: Tensor, padding: usize },
-    Linear { x: Tensor, w: Tensor },
+    /// `pairs`: a 3x3 kernel rounded into bf16 pairs once, as a conv layer keeps it
+    /// under `--compute bf16` (CPUs with AVX512-BF16).
+    Conv { x: Tensor, w: Tensor, padding: usize, pairs: Option<PackedConvPairs> },
+    /// `strips`: W^T rounded into bf16 panels once, as a linear layer keeps it.
+    Linear { x: Tensor, w: Tensor, strips: Option<PackedStrips> },
 }
 
 struct Case {
@@ -57,8 +62,8 @@ impl Case {
         match &self.op {
             Op::Attention { q, k, scale } => flash_attention(q, k, k, *scale, false),
             Op::GroupNorm { x, w, b, groups, silu } => group_norm(x, w, b, *groups, EPS, *silu),
-            Op::Conv { x, w, padding } => conv2d_dense(x, w, 1, *padding, true),
-            Op::Linear { x, w } => brume::kernels::matmul::linear(x, w),
+            Op::Conv { x, w, padding, .. } => conv2d_dense(x, w, 1, *padding, true),
+            Op::Linear { x, w, .. } => brume::kernels::matmul::linear(x, w),
         }
     }
 
@@ -84,24 +89,25 @@ impl Case {
 
     fn alternative(&self, name: &str) -> candle_core::Result<Tensor> {
         match (&self.op, name) {
-            (Op::Conv { x, w, padding }, "im2col") => {
+            (Op::Conv { x, w, padding, .. }, "im2col") => {
                 brume::kernels::set_mode(brume::kernels::KernelMode::Reference);
                 let y = conv2d_dense(x, w, 1, *padding, true);
                 brume::kernels::set_mode(brume::kernels::KernelMode::Fast);
                 y
             }
-            (Op::Conv { x, w, .. }, "bf16") => brume::kernels::conv3x3_bf16::conv3x3_bf16(x, w),
-            (Op::Linear { x, w }, "bf16") => brume::kernels::matmul_bf16::linear_bf16(x, w),
+            // The layers' path: the kernel's pairs were made once, at "load".
+            (Op::Conv { x, pairs: Some(pairs), .. }, "bf16") => brume::kernels::conv3x3_bf16::conv3x3_bf16_packed(x, pairs),
+            (Op::Linear { x, strips: Some(strips), .. }, "bf16") => brume::kernels::matmul_bf16::linear_bf16_packed(x, strips),
             (Op::Attention { q, k, scale }, "bf16") => brume::kernels::attention_bf16::attention_bf16(q, k, k, *scale, false),
             (Op::Attention { q, k, scale }, "amx") => brume::kernels::attention_amx::attention_amx(q, k, k, *scale, false),
-            (Op::Conv { x, w, padding: 1 }, "amx") => brume::kernels::amx::conv3x3_amx(x, w),
+            (Op::Conv { x, w, padding: 1, .. }, "amx") => brume::kernels::amx::conv3x3_amx(x, w),
             (Op::Conv { x, w, .. }, "amx") => {
                 let (b, c, h, wd) = x.dims4()?;
                 let o = w.dim(0)?;
                 let y = brume::kernels::amx::conv1x1_amx(&w.reshape((o, c))?, &x.reshape((c, b * h * wd))?)?;
                 y.reshape((b, o, h, wd))
             }
-            (Op::Linear { x, w }, "amx") => brume::kernels::amx::linear_amx(x, w),
+            (Op::Linear { x, w, .. }, "amx") => brume::kernels::amx::linear_amx(x, w),
             _ => candle_core::bail!("no {name} path for {}", self.name),
         }
     }
@@ -117,8 +123,8 @@ impl Case {
                     Ok(y)
                 }
             }
-            Op::Conv { x, w, padding } => x.conv2d(w, *padding, 1, 1, 1),
-            Op::Linear { x, w } => x.matmul(&w.t()?),
+            Op::Conv { x, w, padding, .. } => x.conv2d(w, *padding, 1, 1, 1),
+            Op::Linear { x, w, .. } => x.matmul(&w.t()?),
         }
     }
 }
@@ -161,20 +167,32 @@ fn cases() -> anyhow::Result<Vec<Case>> {
         ("conv3x3_1280_8", 2, 1280, 1280, 8, 3),
         ("conv1x1_320", 1, 320, 320, 64, 1),
     ] {
+        let w = (rng.randn(&[o, c, k, k], &dev)? * (1.0 / ((c * k * k) as f64).sqrt()))?;
+        let pairs = if k == 3 && brume::kernels::conv3x3_bf16::supported() {
+            Some(PackedConvPairs::new(&w.flatten_all()?.to_vec1::<f32>()?, o, c)?)
+        } else {
+            None
+        };
         v.push(Case {
             name,
             label: format!("conv {k}x{k} {c}->{o} {}{hw}x{hw}", if b > 1 { format!("{b}x ") } else { String::new() }),
             flops: 2.0 * (b * o * c * k * k * hw * hw) as f64,
-            op: Op::Conv { x: rng.randn(&[b, c, hw, hw], &dev)?, w: (rng.randn(&[o, c, k, k], &dev)? * (1.0 / ((c * k * k) as f64).sqrt()))?, padding: k / 2 },
+            op: Op::Conv { x: rng.randn(&[b, c, hw, hw], &dev)?, w, padding: k / 2, pairs },
         });
     }
     // Transformer-block projections at 64x64 tokens: attention q/k/v/out and GEGLU's.
     for (name, k, n) in [("linear_320", 320, 320), ("linear_geglu", 320, 2560)] {
+        let w = (rng.randn(&[n, k], &dev)? * (1.0 / (k as f64).sqrt()))?;
+        let strips = if brume::kernels::conv3x3_bf16::supported() {
+            Some(PackedStrips::of_linear(&w.flatten_all()?.to_vec1::<f32>()?, n, k)?)
+        } else {
+            None
+        };
         v.push(Case {
             name,
             label: format!("linear 4096x{k} -> {n}"),
             flops: 2.0 * (4096 * k * n) as f64,
-            op: Op::Linear { x: rng.randn(&[4096, k], &dev)?, w: (rng.randn(&[n, k], &dev)? * (1.0 / (k as f64).sqrt()))? },
+            op: Op::Linear { x: rng.randn(&[4096, k], &dev)?, w, strips },
         });
     }
     Ok(v)
@@ -220,12 +238,12 @@ impl Torch {
                     write_f32(&folder.join(format!("{}.b.f32", c.name)), b)?;
                     spec.push(serde_json::json!({"name": c.name, "op": "group_norm", "x": x.dims(), "groups": groups, "eps": EPS, "silu": silu}));
                 }
-                Op::Linear { x, w } => {
+                Op::Linear { x, w, .. } => {
                     write_f32(&folder.join(format!("{}.x.f32", c.name)), x)?;
                     write_f32(&folder.join(format!("{}.w.f32", c.name)), w)?;
                     spec.push(serde_json::json!({"name": c.name, "op": "linear", "x": x.dims(), "w": w.dims()}));
                 }
-                Op::Conv { x, w, padding } => {
+                Op::Conv { x, w, padding, .. } => {
                     write_f32(&folder.join(format!("{}.x.f32", c.name)), x)?;
                     write_f32(&folder.join(format!("{}.w.f32", c.name)), w)?;
                     spec.push(serde_json::json!({"name": c.name, "op": "conv2d", "x": x.dims(), "w": w.dims(), "padding": padding}));

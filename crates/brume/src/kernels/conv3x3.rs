@@ -16,7 +16,10 @@
 //! 16-wide map, three quarters on an 8-wide one, which is where an SD UNet's
 //! 1280-channel layers run. Those maps take the flat layout ([`Flat`]) instead: the
 //! whole image, zero-bordered, as one row of pitch `w + 2`, so a block of 32 runs on
-//! across rows and only the two border columns per row are wasted.
+//! across rows and only the two border columns per row are wasted. Such layers have
+//! few positions and many weights, so their tasks take runs of position blocks and
+//! walk the input channels in panels ([`FlatTasks`]): the kernel is read once per
+//! run, not once per block.
 
 use std::cell::RefCell;
 
@@ -209,6 +212,135 @@ impl RowTasks {
     }
 }
 
+/// Output channel blocks (of OB) per flat task: 48 channels, whose weights for one k
+/// panel (PANEL planes x 9 taps: 55 KB of bf16 pairs, 55 KB of f32 at the f32 kernel's
+/// 32 channels) stay in L2 while the task's position blocks go by.
+const CHUNK: usize = 8;
+/// Input planes per k panel of a flat task: channels for the f32 kernel, channel
+/// pairs for the bf16 one.
+const PANEL: usize = 32;
+/// Most position blocks per flat task: bounds its partial sums (QMAX x CHUNK x OB
+/// rows of at most 32 floats = 147 KB per thread, L2-resident) whatever the batch.
+const QMAX: usize = 24;
+
+thread_local! {
+    /// A flat task's partial sums, reused across tasks.
+    static SUMS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// How the flat layout's work is cut: a task takes a chunk of CHUNK output channel
+/// blocks and a run of position blocks (numbered over all images) and walks the
+/// input planes a panel at a time, GotoBLAS-style, with its partial sums in a small
+/// per-thread buffer. Small maps with many channels (SD's 1280-channel levels at
+/// 16x16 and 8x8) have few positions and a large kernel (59 MB of f32 weights at 1280
+/// -> 1280): a task per position block streamed the whole kernel from memory once per
+/// block (18 times for a guided 16x16 layer); a run of blocks now reads it once.
+pub(crate) struct FlatTasks {
+    blocks: usize,
+    runs: usize,
+    per_run: usize,
+    positions: usize,
+    chunks: usize,
+}
+
+impl FlatTasks {
+    pub(crate) fn new(batch: usize, out_ch: usize, f: Flat) -> Self {
+        let blocks = out_ch.div_ceil(OB);
+        let chunks = blocks.div_ceil(CHUNK);
+        let positions = batch * f.blocks;
+        // Enough runs that every thread has work when the output is narrow, none longer than QMAX.
+        let want = (2 * rayon::current_num_threads()).div_ceil(chunks.max(1));
+        let runs = want.max(positions.div_ceil(QMAX)).clamp(1, positions.max(1));
+        Self { blocks, runs, per_run: positions.div_ceil(runs), positions, chunks }
+    }
+
+    pub(crate) fn tasks(&self) -> usize {
+        self.chunks * self.runs
+    }
+
+    /// Task `t`: (output channel blocks, position blocks), `None` when either is empty.
+    pub(crate) fn task(&self, t: usize) -> Option<(std::ops::Range<usize>, std::ops::Range<usize>)> {
+        let (chunk, run) = (t / self.runs, t % self.runs);
+        let obs = chunk * CHUNK..((chunk + 1) * CHUNK).min(self.blocks);
+        let q = run * self.per_run..((run + 1) * self.per_run).min(self.positions);
+        (!obs.is_empty() && !q.is_empty()).then_some((obs, q))
+    }
+}
+
+/// One k panel of a flat task's product, per kernel (f32 FMAs, bf16 pair dot products).
+pub(crate) trait FlatPanel {
+    /// Positions per block: two vectors.
+    const XB: usize;
+
+    /// Adds input planes `p0..p0 + pc` of position block `blk` of image `n` to output
+    /// channel block `ob`'s partial sums at `sums` (OB rows of XB floats), which it
+    /// starts from zero when `p0` is 0.
+    ///
+    /// SAFETY: the CPU has the kernel's features; `sums` points at OB x XB floats;
+    /// n, blk, ob and the planes are in range.
+    unsafe fn panel(&self, n: usize, blk: usize, ob: usize, p0: usize, pc: usize, sums: *mut f32);
+}
+
+/// Runs `f` with this thread's flat-task sum buffer. Borrowed here, in the task's
+/// closure, and passed down: a closure inside the kernels' `#[target_feature]` code
+/// would not have those features, and its intrinsics would become calls (the f32
+/// flat path ran 50x slower that way).
+pub(crate) fn with_sums<R>(f: impl FnOnce(&mut Vec<f32>) -> R) -> R {
+    SUMS.with(|cell| f(&mut cell.borrow_mut()))
+}
+
+/// Runs flat task (`obs`, `q`) of a conv whose input has `planes` planes per image:
+/// each panel of planes over every position block x channel block, then the sums of
+/// the valid positions into the [b, o, h, w] output. `sums` is the thread's buffer
+/// ([`with_sums`]).
+///
+/// SAFETY: the CPU has `k`'s features; `dst` is the whole output, of which this call
+/// writes only the positions of blocks `q` in the channels of `obs`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn flat_task<K: FlatPanel>(
+    k: &K,
+    d: Dims,
+    f: Flat,
+    planes: usize,
+    obs: std::ops::Range<usize>,
+    q: std::ops::Range<usize>,
+    sums: &mut Vec<f32>,
+    dst: SharedMut,
+) {
+    let (o, h, w) = (d.out_ch, d.h, d.w);
+    let nob = obs.len();
+    let row = OB * K::XB;
+    if sums.len() < q.len() * nob * row {
+        sums.resize(q.len() * nob * row, 0.0);
+    }
+    let sp = sums.as_mut_ptr();
+    let mut p0 = 0;
+    while p0 < planes {
+        let pc = PANEL.min(planes - p0);
+        for (qi, qq) in q.clone().enumerate() {
+            for (bi, ob) in obs.clone().enumerate() {
+                // SAFETY: block (qi, bi)'s sums lie inside the buffer; the rest is forwarded.
+                unsafe { k.panel(qq / f.blocks, qq % f.blocks, ob, p0, pc, sp.add((qi * nob + bi) * row)) };
+            }
+        }
+        p0 += pc;
+    }
+    for (qi, qq) in q.enumerate() {
+        let (n, blk) = (qq / f.blocks, qq % f.blocks);
+        for (bi, ob) in obs.clone().enumerate() {
+            for j in 0..OB.min(o - ob * OB) {
+                // SAFETY: the row's XB sums lie inside the buffer; image n's plane of
+                // channel ob * OB + j < o is inside the output.
+                unsafe {
+                    let src = sp.add((qi * nob + bi) * row + j * K::XB);
+                    f.scatter(w, h, src, blk * K::XB, K::XB, dst.get().add((n * o + ob * OB + j) * h * w));
+                }
+            }
+        }
+    }
+}
+
 /// `out` [b, o, h, w] = conv(`x` [b, c, h, w], `weights` [o, c, 3, 3]), padding 1.
 pub(crate) fn run(isa: Isa, x: &[f32], d: Dims, weights: &[f32], out: &mut [f32]) -> Result<()> {
     require(isa)?;
@@ -250,9 +382,8 @@ pub(crate) fn run(isa: Isa, x: &[f32], d: Dims, weights: &[f32], out: &mut [f32]
     Ok(())
 }
 
-/// The flat layout: copies the input once, zero-bordered, then runs blocks of flat
-/// positions x channel blocks (the whole map of a small layer is a few blocks, so
-/// tasks split the channels too).
+/// The flat layout: copies the input once, zero-bordered, then runs the blocked
+/// schedule of [`FlatTasks`].
 fn run_flat(isa: Isa, x: &[f32], d: Dims, weights: &[f32], out: &mut [f32], flat: Flat) {
     let Dims { batch, in_ch: c, out_ch: o, h, w } = d;
     let mut padded = vec![0f32; batch * c * flat.plane];
@@ -263,74 +394,85 @@ fn run_flat(isa: Isa, x: &[f32], d: Dims, weights: &[f32], out: &mut [f32], flat
             dst[at..at + w].copy_from_slice(row);
         }
     });
-    let split = RowTasks::new(batch, flat.blocks, o.div_ceil(OB));
+    let tasks = FlatTasks::new(batch, o, flat);
     let dst = SharedMut(out.as_mut_ptr());
     let padded = &padded;
-    (0..split.tasks()).into_par_iter().for_each(|task| {
-        let Some((n, blk, blocks)) = split.task(task) else { return };
-        let img = &padded[n * c * flat.plane..(n + 1) * c * flat.plane];
-        // SAFETY: task (n, blk, chunk) writes only the flat positions of block blk of
-        // image n for the channels of `blocks`: disjoint from every other task.
-        unsafe {
+    (0..tasks.tasks()).into_par_iter().for_each(|t| {
+        let Some((obs, q)) = tasks.task(t) else { return };
+        // SAFETY: task t writes only the positions of blocks q for the channels of
+        // obs: disjoint from every other task.
+        with_sums(|sums| unsafe {
             match isa {
                 #[cfg(target_arch = "x86_64")]
-                Isa::Avx512 => flat_avx512(img, d, flat, n, blk, weights, blocks, dst),
+                Isa::Avx512 => flat_avx512(padded, d, flat, weights, obs, q, sums, dst),
                 #[cfg(target_arch = "x86_64")]
-                Isa::Avx2 => flat_avx2(img, d, flat, n, blk, weights, blocks, dst),
-                _ => flat_block::<Portable>(img, d, flat, n, blk, weights, blocks, dst),
+                Isa::Avx2 => flat_avx2(padded, d, flat, weights, obs, q, sums, dst),
+                _ => flat_task(&FloatPanel::<Portable>::new(padded, d, flat, weights), d, flat, c, obs, q, sums, dst),
             }
-        }
+        });
     });
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,fma")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn flat_avx512(img: &[f32], d: Dims, f: Flat, n: usize, blk: usize, w: &[f32], blocks: std::ops::Range<usize>, dst: SharedMut) {
+unsafe fn flat_avx512(img: &[f32], d: Dims, f: Flat, w: &[f32], obs: std::ops::Range<usize>, q: std::ops::Range<usize>, sums: &mut Vec<f32>, dst: SharedMut) {
     // SAFETY: forwarded from the caller.
-    unsafe { flat_block::<super::simd::Avx512>(img, d, f, n, blk, w, blocks, dst) }
+    unsafe { flat_task(&FloatPanel::<super::simd::Avx512>::new(img, d, f, w), d, f, d.in_ch, obs, q, sums, dst) }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn flat_avx2(img: &[f32], d: Dims, f: Flat, n: usize, blk: usize, w: &[f32], blocks: std::ops::Range<usize>, dst: SharedMut) {
+unsafe fn flat_avx2(img: &[f32], d: Dims, f: Flat, w: &[f32], obs: std::ops::Range<usize>, q: std::ops::Range<usize>, sums: &mut Vec<f32>, dst: SharedMut) {
     // SAFETY: forwarded from the caller.
-    unsafe { flat_block::<super::simd::Avx2>(img, d, f, n, blk, w, blocks, dst) }
+    unsafe { flat_task(&FloatPanel::<super::simd::Avx2>::new(img, d, f, w), d, f, d.in_ch, obs, q, sums, dst) }
 }
 
-/// Flat block `blk` of image `n` (its zero-bordered planes: `img`) for the channel
-/// blocks `blocks`.
-///
-/// SAFETY: the CPU has `S`'s features; `img` holds c planes of `f.plane` values laid
-/// out by `f`; `dst` points at the whole [b, o, h, w] output, of which this call
-/// writes only block `blk`'s positions of image `n`'s channels in `blocks`.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn flat_block<S: Simd>(img: &[f32], d: Dims, f: Flat, n: usize, blk: usize, weights: &[f32], blocks: std::ops::Range<usize>, dst: SharedMut) {
-    let (c, o, h, w) = (d.in_ch, d.out_ch, d.h, d.w);
-    let xb = 2 * S::LANES;
-    let p0 = blk * xb;
-    let mut tail = [0f32; 64];
-    for ob in blocks {
+/// The f32 kernel's panel: every image's zero-bordered planes (`img`, c planes of
+/// `f.plane` values per image) and the kernel [o, c, 3, 3].
+struct FloatPanel<'a, S> {
+    img: &'a [f32],
+    weights: &'a [f32],
+    d: Dims,
+    f: Flat,
+    simd: std::marker::PhantomData<S>,
+}
+
+impl<'a, S> FloatPanel<'a, S> {
+    fn new(img: &'a [f32], d: Dims, f: Flat, weights: &'a [f32]) -> Self {
+        Self { img, weights, d, f, simd: std::marker::PhantomData }
+    }
+}
+
+impl<S: Simd> FlatPanel for FloatPanel<'_, S> {
+    const XB: usize = 2 * S::LANES;
+
+    #[inline(always)]
+    unsafe fn panel(&self, n: usize, blk: usize, ob: usize, p0: usize, pc: usize, sums: *mut f32) {
+        let (c, o, f) = (self.d.in_ch, self.d.out_ch, self.f);
+        // The block's six weight rows from channel p0; past the last output channel,
+        // repeat it (computed, not stored).
         let wrows: [*const f32; OB] = std::array::from_fn(|j| {
             let oc = (ob * OB + j).min(o - 1);
-            // SAFETY: oc < o, so the row lies inside `weights` (o * c * 9 long).
-            unsafe { weights.as_ptr().add(oc * c * 9) }
+            // SAFETY: oc < o and p0 < c: inside `weights` (o * c * 9 long).
+            unsafe { self.weights.as_ptr().add((oc * c + p0) * 9) }
         });
-        // SAFETY: loads read plane[p0 + ky * pitch + kx ..][..xb] with p0 + xb <=
-        // blocks * xb, inside each plane (blocks * xb + 2 * pitch + 2 long).
-        let acc = unsafe { block::<S>(img.as_ptr(), f.plane, f.pitch, c, &wrows, p0) };
-        for (j, a) in acc.iter().enumerate() {
-            let oc = ob * OB + j;
-            if oc >= o {
-                break;
+        // SAFETY: the caller's contract: `sums` holds OB x XB floats, image n's planes
+        // p0..p0 + pc lie in `img`; loads read plane[blk * XB + ky * pitch + kx ..][..XB],
+        // inside each plane (blocks * XB + 2 * pitch + 2 long).
+        unsafe {
+            let mut acc = [[S::splat(0.0); 2]; OB];
+            if p0 > 0 {
+                for (j, a) in acc.iter_mut().enumerate() {
+                    *a = [S::load(sums.add(j * Self::XB)), S::load(sums.add(j * Self::XB + S::LANES))];
+                }
             }
-            // SAFETY: tail holds 2 vectors; the plane of image n, channel oc < o is inside the output.
-            unsafe {
-                S::store(tail.as_mut_ptr(), a[0]);
-                S::store(tail.as_mut_ptr().add(S::LANES), a[1]);
-                f.scatter(w, h, tail.as_ptr(), p0, xb, dst.get().add((n * o + oc) * h * w));
+            let planes = self.img.as_ptr().add((n * c + p0) * f.plane);
+            block::<S>(&mut acc, planes, f.plane, f.pitch, pc, &wrows, blk * Self::XB);
+            for (j, a) in acc.iter().enumerate() {
+                S::store(sums.add(j * Self::XB), a[0]);
+                S::store(sums.add(j * Self::XB + S::LANES), a[1]);
             }
         }
     }
@@ -402,9 +544,10 @@ unsafe fn output_row<S: Simd>(
         });
         let mut x0 = 0;
         while x0 < w {
+            let mut acc = [[S::splat(0.0); 2]; OB];
             // SAFETY: every load reads rows[ci * 3 + ky][x0 + kx .. x0 + kx + 2 * LANES],
             // inside the row (x0 + 2 * LANES <= wpad, kx <= 2, row width wpad + 2).
-            let acc = unsafe { block::<S>(base, 3 * sw, sw, c, &wrows, x0) };
+            unsafe { block::<S>(&mut acc, base, 3 * sw, sw, c, &wrows, x0) };
             let count = xb.min(w - x0);
             for (j, a) in acc.iter().enumerate() {
                 let oc = blk * OB + j;
@@ -430,16 +573,17 @@ unsafe fn output_row<S: Simd>(
     }
 }
 
-/// Six output channels x two vectors of output pixels starting at `x0`: channel ci's
-/// tap row ky starts `ci * chan + ky * pitch` values into `rows`.
+/// Adds to `acc` six output channels x two vectors of output pixels starting at `x0`,
+/// summed over `c` input channels: channel ci's tap row ky starts `ci * chan + ky *
+/// pitch` values into `rows`, its weights at `wrows[j] + ci * 9`.
 ///
 /// SAFETY: the CPU has `S`'s features; for every ci < c and ky < 3, `rows` holds
 /// `2 * LANES + 2` floats from `ci * chan + ky * pitch + x0`; each `wrows[j]` points at
 /// `c * 9` floats.
 #[inline(always)]
-unsafe fn block<S: Simd>(rows: *const f32, chan: usize, pitch: usize, c: usize, wrows: &[*const f32; OB], x0: usize) -> [[S::V; 2]; OB] {
+unsafe fn block<S: Simd>(acc: &mut [[S::V; 2]; OB], rows: *const f32, chan: usize, pitch: usize, c: usize, wrows: &[*const f32; OB], x0: usize) {
     unsafe {
-        let mut acc = [[S::splat(0.0); 2]; OB];
+        let mut r = *acc;
         for ci in 0..c {
             let base = rows.add(ci * chan + x0);
             for ky in 0..3 {
@@ -450,12 +594,12 @@ unsafe fn block<S: Simd>(rows: *const f32, chan: usize, pitch: usize, c: usize, 
                     let tap = ci * 9 + ky * 3 + kx;
                     for j in 0..OB {
                         let wv = S::splat(*wrows[j].add(tap));
-                        acc[j][0] = S::fmadd(a, wv, acc[j][0]);
-                        acc[j][1] = S::fmadd(b, wv, acc[j][1]);
+                        r[j][0] = S::fmadd(a, wv, r[j][0]);
+                        r[j][1] = S::fmadd(b, wv, r[j][1]);
                     }
                 }
             }
         }
-        acc
+        *acc = r;
     }
 }

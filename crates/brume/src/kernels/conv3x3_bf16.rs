@@ -12,7 +12,8 @@
 //!
 //! Otherwise the loop is [`super::conv3x3`]'s: 6 output channels x 2 vectors of 16
 //! pixels in registers, 12 dot-products per 8 loads, in its row layout or, for
-//! narrow and odd-width maps, its flat one.
+//! narrow and odd-width maps, its flat one with its blocked schedule
+//! ([`super::conv3x3::FlatTasks`]).
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
@@ -24,7 +25,9 @@ use rayon::prelude::*;
 #[cfg(target_arch = "x86_64")]
 use super::bf16::pack_pairs;
 use super::bf16::require;
-use super::conv3x3::{Dims, Flat, RowTasks};
+#[cfg(target_arch = "x86_64")]
+use super::conv3x3::{flat_task, FlatPanel};
+use super::conv3x3::{with_sums, Dims, Flat, FlatTasks, RowTasks};
 use super::SharedMut;
 
 const OB: usize = 6;
@@ -195,62 +198,74 @@ pub(super) fn pack_flat_pairs(x: &[f32], d: Dims, flat: Flat, planes: usize) -> 
 }
 
 /// The flat layout (see [`Flat`]): the input once as zero-bordered planes of bf16
-/// pairs, then blocks of flat positions x channel blocks.
+/// pairs, then the blocked schedule of [`FlatTasks`] (a panel is PANEL channel pairs).
 #[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
 fn run_flat(x: &[f32], d: Dims, pairs: &[u32], out: &mut [f32], flat: Flat) {
-    let Dims { batch, in_ch: c, out_ch: o, .. } = d;
-    let cp = c.div_ceil(2);
+    let cp = d.in_ch.div_ceil(2);
     let padded = pack_flat_pairs(x, d, flat, cp);
-    let split = RowTasks::new(batch, flat.blocks, o.div_ceil(OB));
+    let tasks = FlatTasks::new(d.batch, d.out_ch, flat);
     let dst = SharedMut(out.as_mut_ptr());
-    let padded = &padded;
-    (0..split.tasks()).into_par_iter().for_each(|task| {
-        let Some((n, blk, blocks)) = split.task(task) else { return };
-        let img = &padded[n * cp * flat.plane..(n + 1) * cp * flat.plane];
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: AVX512-BF16 (checked by `run`); the task writes only block blk's
-        // positions of image n for the channels of `blocks`, disjoint from other tasks.
-        unsafe {
-            flat_block(img, d, flat, n, blk, pairs, blocks, dst)
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = (img, n, blk, &blocks, dst);
+    let panel = PairPanel { img: &padded, pairs, d, f: flat };
+    (0..tasks.tasks()).into_par_iter().for_each(|t| {
+        let Some((obs, q)) = tasks.task(t) else { return };
+        with_sums(|sums| {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: AVX512-BF16 (checked by `run_packed`); task t writes only the
+            // positions of blocks q for the channels of obs, disjoint from other tasks.
+            unsafe {
+                flat_pairs(&panel, obs, q, sums, dst)
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            let _ = (&panel, obs, q, sums, dst);
+        });
     });
 }
 
-/// Flat block `blk` of image `n` (its zero-bordered pair planes: `img`) for the
-/// channel blocks `blocks`.
-///
-/// SAFETY: AVX512-BF16; `img` holds cp planes laid out by `f`; `dst` is the whole
-/// [b, o, h, w] output, of which this call writes only block `blk`'s positions of
-/// image `n`'s channels in `blocks`.
+/// SAFETY: as [`flat_task`]; AVX512-BF16.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bf16,avx512bw")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn flat_block(img: &[u32], d: Dims, f: Flat, n: usize, blk: usize, pairs: &[u32], blocks: std::ops::Range<usize>, dst: SharedMut) {
-    let (c, o, h, w) = (d.in_ch, d.out_ch, d.h, d.w);
-    let cp = c.div_ceil(2);
-    let p0 = blk * XB;
-    let mut tail = [0f32; XB];
-    for ob in blocks {
+unsafe fn flat_pairs(panel: &PairPanel, obs: std::ops::Range<usize>, q: std::ops::Range<usize>, sums: &mut Vec<f32>, dst: SharedMut) {
+    // SAFETY: forwarded from the caller.
+    unsafe { flat_task(panel, panel.d, panel.f, panel.d.in_ch.div_ceil(2), obs, q, sums, dst) }
+}
+
+/// The bf16 kernel's panel: every image's zero-bordered pair planes (`img`, cp planes
+/// of `f.plane` words per image) and the kernel's pair table.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+struct PairPanel<'a> {
+    img: &'a [u32],
+    pairs: &'a [u32],
+    d: Dims,
+    f: Flat,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl FlatPanel for PairPanel<'_> {
+    const XB: usize = XB;
+
+    #[inline(always)]
+    unsafe fn panel(&self, n: usize, blk: usize, ob: usize, p0: usize, pc: usize, sums: *mut f32) {
+        let (cp, o, f) = (self.d.in_ch.div_ceil(2), self.d.out_ch, self.f);
         let wrows: [*const u32; OB] = std::array::from_fn(|j| {
             let oc = (ob * OB + j).min(o - 1);
-            // SAFETY: oc < o: the row lies inside `pairs` (o * cp * 9 words).
-            unsafe { pairs.as_ptr().add(oc * cp * 9) }
+            // SAFETY: oc < o and p0 < cp: inside `pairs` (o * cp * 9 words).
+            unsafe { self.pairs.as_ptr().add((oc * cp + p0) * 9) }
         });
-        // SAFETY: loads read plane[p0 + ky * pitch + kx ..][..XB], p0 + XB <= blocks * XB,
+        // SAFETY: the caller's contract: `sums` holds OB x XB floats, image n's planes
+        // p0..p0 + pc lie in `img`; loads read plane[blk * XB + ky * pitch + kx ..][..XB],
         // inside each plane (blocks * XB + 2 * pitch + 2 words).
-        let acc = unsafe { block(img.as_ptr(), f.plane, f.pitch, cp, &wrows, p0) };
-        for (j, a) in acc.iter().enumerate() {
-            let oc = ob * OB + j;
-            if oc >= o {
-                break;
+        unsafe {
+            let mut acc = [[_mm512_setzero_ps(); 2]; OB];
+            if p0 > 0 {
+                for (j, a) in acc.iter_mut().enumerate() {
+                    *a = [_mm512_loadu_ps(sums.add(j * XB)), _mm512_loadu_ps(sums.add(j * XB + L))];
+                }
             }
-            // SAFETY: tail holds XB floats; image n's plane of channel oc < o is inside the output.
-            unsafe {
-                _mm512_storeu_ps(tail.as_mut_ptr(), a[0]);
-                _mm512_storeu_ps(tail.as_mut_ptr().add(L), a[1]);
-                f.scatter(w, h, tail.as_ptr(), p0, XB, dst.get().add((n * o + oc) * h * w));
+            let planes = self.img.as_ptr().add((n * cp + p0) * f.plane);
+            block(&mut acc, planes, f.plane, f.pitch, pc, &wrows, blk * XB);
+            for (j, a) in acc.iter().enumerate() {
+                _mm512_storeu_ps(sums.add(j * XB), a[0]);
+                _mm512_storeu_ps(sums.add(j * XB + L), a[1]);
             }
         }
     }
@@ -285,9 +300,10 @@ unsafe fn output_row(img: &[f32], d: Dims, n: usize, y: usize, pairs: &[u32], bl
         });
         let mut x0 = 0;
         while x0 < w {
+            let mut acc = [[_mm512_setzero_ps(); 2]; OB];
             // SAFETY: loads read rows[p * 3 + ky][x0 + kx .. x0 + kx + 32] with
             // x0 + 32 <= wpad and kx <= 2: inside each sw = wpad + 2 row.
-            let acc = unsafe { block(base, 3 * sw, sw, cp, &wrows, x0) };
+            unsafe { block(&mut acc, base, 3 * sw, sw, cp, &wrows, x0) };
             let count = XB.min(w - x0);
             for (j, a) in acc.iter().enumerate() {
                 let oc = blk * OB + j;
@@ -312,17 +328,18 @@ unsafe fn output_row(img: &[f32], d: Dims, n: usize, y: usize, pairs: &[u32], bl
     }
 }
 
-/// Six output channels x 32 pixels from `x0`, summed over all channel pairs and taps:
-/// pair p's tap row ky starts `p * chan + ky * pitch` words into `rows`.
+/// Adds to `acc` six output channels x 32 pixels from `x0`, summed over `cp` channel
+/// pairs and the taps: pair p's tap row ky starts `p * chan + ky * pitch` words into
+/// `rows`, and its weights at `wrows[j] + p * 9`.
 ///
 /// SAFETY: AVX512-BF16; for every p < cp and ky < 3, `rows` holds 34 words from
 /// `p * chan + ky * pitch + x0`; each `wrows[j]` points at cp * 9 words.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bf16,avx512bw")]
 #[inline]
-unsafe fn block(rows: *const u32, chan: usize, pitch: usize, cp: usize, wrows: &[*const u32; OB], x0: usize) -> [[__m512; 2]; OB] {
+unsafe fn block(acc: &mut [[__m512; 2]; OB], rows: *const u32, chan: usize, pitch: usize, cp: usize, wrows: &[*const u32; OB], x0: usize) {
     unsafe {
-        let mut acc = [[_mm512_setzero_ps(); 2]; OB];
+        let mut r = *acc;
         for p in 0..cp {
             let base = rows.add(p * chan + x0);
             for ky in 0..3 {
@@ -333,13 +350,13 @@ unsafe fn block(rows: *const u32, chan: usize, pitch: usize, cp: usize, wrows: &
                     let tap = p * 9 + ky * 3 + kx;
                     for j in 0..OB {
                         let wv: __m512bh = std::mem::transmute(_mm512_set1_epi32(*wrows[j].add(tap) as i32));
-                        acc[j][0] = _mm512_dpbf16_ps(acc[j][0], a, wv);
-                        acc[j][1] = _mm512_dpbf16_ps(acc[j][1], b, wv);
+                        r[j][0] = _mm512_dpbf16_ps(r[j][0], a, wv);
+                        r[j][1] = _mm512_dpbf16_ps(r[j][1], b, wv);
                     }
                 }
             }
         }
-        acc
+        *acc = r;
     }
 }
 
@@ -349,20 +366,39 @@ unsafe fn block(rows: *const u32, chan: usize, pitch: usize, cp: usize, wrows: &
 pub fn conv3x3_bf16(x: &candle_core::Tensor, w: &candle_core::Tensor) -> Result<candle_core::Tensor> {
     use candle_core::{CpuStorage, Storage};
     let (o, wc, kh, kw) = w.dims4()?;
-    let (b, c, h, wd) = x.dims4()?;
+    let c = x.dim(1)?;
     if (kh, kw) != (3, 3) || wc != c {
         candle_core::bail!("conv3x3 bf16: kernel {:?} does not fit input {:?}", w.dims(), x.dims());
     }
-    let (x, w) = (x.contiguous()?, w.contiguous()?);
-    let (sx, lx) = x.storage_and_layout();
+    let w = w.contiguous()?;
     let (sw, lw) = w.storage_and_layout();
-    let (Storage::Cpu(CpuStorage::F32(xd)), Storage::Cpu(CpuStorage::F32(wdat))) = (&*sx, &*sw) else {
+    let Storage::Cpu(CpuStorage::F32(wdat)) = &*sw else {
+        candle_core::bail!("conv3x3 bf16: f32 CPU tensors only");
+    };
+    let (wa, wb) = lw.contiguous_offsets().ok_or_else(|| candle_core::Error::Msg("strided kernel".into()))?;
+    let kernel = PackedConvPairs::new(&wdat[wa..wb], o, c)?;
+    drop(sw);
+    conv3x3_bf16_packed(x, &kernel)
+}
+
+/// [`conv3x3_bf16`] with the kernel rounded into pairs beforehand, as a conv layer
+/// keeps it: what `--compute bf16` runs per call (benches; packing a 1280-channel
+/// kernel costs about as much as its product at 8x8).
+pub fn conv3x3_bf16_packed(x: &candle_core::Tensor, kernel: &PackedConvPairs) -> Result<candle_core::Tensor> {
+    use candle_core::{CpuStorage, Storage};
+    let (b, c, h, wd) = x.dims4()?;
+    let o = kernel.out_ch;
+    if c != kernel.in_ch {
+        candle_core::bail!("conv3x3 bf16: kernel [{o}, {}, 3, 3] does not fit input {:?}", kernel.in_ch, x.dims());
+    }
+    let x = x.contiguous()?;
+    let (sx, lx) = x.storage_and_layout();
+    let Storage::Cpu(CpuStorage::F32(xd)) = &*sx else {
         candle_core::bail!("conv3x3 bf16: f32 CPU tensors only");
     };
     let (xa, xb) = lx.contiguous_offsets().ok_or_else(|| candle_core::Error::Msg("strided input".into()))?;
-    let (wa, wb) = lw.contiguous_offsets().ok_or_else(|| candle_core::Error::Msg("strided kernel".into()))?;
     let mut out = vec![0f32; b * o * h * wd];
-    run_vector(&xd[xa..xb], Dims { batch: b, in_ch: c, out_ch: o, h, w: wd }, &wdat[wa..wb], &mut out)?;
-    drop((sx, sw));
+    run_packed(&xd[xa..xb], Dims { batch: b, in_ch: c, out_ch: o, h, w: wd }, kernel, &mut out)?;
+    drop(sx);
     candle_core::Tensor::from_vec(out, (b, o, h, wd), x.device())
 }

@@ -386,15 +386,26 @@ pub fn linear_bf16(a: &candle_core::Tensor, w: &candle_core::Tensor) -> Result<c
 /// [`linear_bf16`] with W rounded into [`PackedStrips`] first, as a linear layer
 /// keeps it (tests, benches).
 pub fn linear_bf16_prepacked(a: &candle_core::Tensor, w: &candle_core::Tensor) -> Result<candle_core::Tensor> {
-    let (m, k) = a.dims2()?;
+    let (_, k) = a.dims2()?;
     let (n, wk) = w.dims2()?;
     if wk != k {
         candle_core::bail!("linear bf16: input width {k}, weight {:?}", w.dims());
     }
-    let (ad, wd) = (a.flatten_all()?.to_vec1::<f32>()?, w.flatten_all()?.to_vec1::<f32>()?);
-    let mut out = vec![0f32; m * n];
-    gemm_packed_b(&ad, m, &PackedStrips::of_linear(&wd, n, k)?, &mut out)?;
-    candle_core::Tensor::from_vec(out, (m, n), a.device())
+    let wd = w.flatten_all()?.to_vec1::<f32>()?;
+    linear_bf16_packed(a, &PackedStrips::of_linear(&wd, n, k)?)
+}
+
+/// `a [m, k] x W^T` with W already in [`PackedStrips`], as a linear layer keeps it:
+/// what `--compute bf16` runs per call (benches).
+pub fn linear_bf16_packed(a: &candle_core::Tensor, w: &PackedStrips) -> Result<candle_core::Tensor> {
+    let (m, k) = a.dims2()?;
+    if k != w.k {
+        candle_core::bail!("linear bf16: input width {k}, packed weight {}x{}", w.n, w.k);
+    }
+    let ad = a.flatten_all()?.to_vec1::<f32>()?;
+    let mut out = vec![0f32; m * w.n];
+    gemm_packed_b(&ad, m, w, &mut out)?;
+    candle_core::Tensor::from_vec(out, (m, w.n), a.device())
 }
 
 /// `w [o, k] x x [k, hw]`, a 1x1 convolution's product, with w rounded into
