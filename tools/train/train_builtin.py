@@ -223,6 +223,49 @@ def autocast(a):
     return torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.bf16)
 
 
+def use_attention(model, a):
+    """Selects the attention implementation of a diffusers model for training (`--attention`).
+
+    `math` is diffusers' plain AttnProcessor (batched matmul + softmax). At this UNet's sizes (256 tokens, head
+    dims 32-128, batch 64) PyTorch's fused CPU SDPA spends ~190 ms per step in its backward alone, a quarter of
+    the step (torch profiler, 2 cores); the plain path materialises 64 x 256 x 256 scores (16 MB), which is
+    nothing here, and made a batch-64 bf16 step 1.36x faster (0.81-0.85 s -> 0.57-0.62 s, alternated). The
+    maths is the same, so the exported weights do not depend on it."""
+    if a.attention == "math":
+        from diffusers.models.attention_processor import AttnProcessor
+
+        model.set_attn_processor(AttnProcessor())
+    return model
+
+
+def training_forward(model, a, what):
+    """The callable a training loop runs its forward (and so backward) through: `model` itself, or under
+    `--compile` a torch.compile'd wrapper sharing its parameters. Compilation fuses the UNet's many small
+    element-wise ops (group norm, SiLU, residual adds); with `--attention math` it took a batch-64 bf16 step
+    from 0.57-0.61 s to 0.43 s, for ~70 s of compilation on the first step. If compiling fails, the loop
+    falls back to the eager model and says so instead of losing the run."""
+    if not a.compile:
+        return model
+    compiled = torch.compile(model)
+    state = {"fn": compiled, "checked": False}
+
+    def call(*args, **kw):
+        if state["checked"]:
+            return state["fn"](*args, **kw)
+        t0 = time.time()
+        try:
+            out = compiled(*args, **kw)
+            log(f"{what}: compiled training forward in {time.time() - t0:.0f}s (first step)")
+        except Exception as e:  # noqa: BLE001 - any compiler failure: train eagerly rather than die
+            log(f"{what}: torch.compile failed ({type(e).__name__}: {e}); training eagerly")
+            state["fn"] = model
+            out = model(*args, **kw)
+        state["checked"] = True
+        return out
+
+    return call
+
+
 def stage_running(start, deadline, step, max_steps):
     if max_steps:
         return step < max_steps
@@ -660,7 +703,8 @@ def stage_unet(a, budget, D, lat_mean, lat_std, sf, work, te):
     budget.begin("unet")
     torch.manual_seed(a.seed + 1)
     g = torch.Generator().manual_seed(a.seed + 1)
-    unet = make_unet(a, a.text_hidden)
+    unet = use_attention(make_unet(a, a.text_hidden), a)
+    fwd = training_forward(unet, a, "unet")
     log(f"text encoder {n_params(te) / 1e6:.2f}M params, UNet {a.unet_channels} x{a.unet_layers}: "
         f"{n_params(unet) / 1e6:.2f}M params")
     tokens, empty = D["tokens"], D["empty"]
@@ -705,7 +749,7 @@ def stage_unet(a, budget, D, lat_mean, lat_std, sf, work, te):
         if not frozen:
             h = te(ids).last_hidden_state
         with autocast(a):
-            pred = unet(zt, t, h).sample.float()
+            pred = fwd(zt, t, h).sample.float()
         snr = abar.flatten() / (1 - abar.flatten())
         w = torch.clamp(snr, max=a.min_snr) / snr if a.min_snr > 0 else torch.ones_like(snr)
         mse = (pred - noise).pow(2).mean((1, 2, 3))
@@ -762,7 +806,8 @@ def stage_lcm(a, budget, D, te, teacher, lat_mean, lat_std, sf, work):
     budget.begin("lcm")
     torch.manual_seed(a.seed + 2)
     g = torch.Generator().manual_seed(a.seed + 2)
-    student = make_unet(a, a.text_hidden, time_cond_proj_dim=a.lcm_cond_dim)
+    student = use_attention(make_unet(a, a.text_hidden, time_cond_proj_dim=a.lcm_cond_dim), a)
+    use_attention(teacher, a)
     missing, unexpected = student.load_state_dict(teacher.state_dict(), strict=False)
     assert not unexpected and all("cond_proj" in k for k in missing), (missing, unexpected)
     with torch.no_grad():
@@ -965,6 +1010,10 @@ def parse_args():
     p.add_argument("--unet-heads", type=int, default=4,
                    help="attention heads per transformer (run 7 used 1: head dim = channels; 4 heads of dim 8-32 spend 40 %% of a CPU step in attention)")
     p.add_argument("--unet-groups", type=int, default=8)
+    p.add_argument("--attention", choices=["sdpa", "math"], default="sdpa",
+                   help="UNet attention in training: PyTorch's fused SDPA or plain matmul+softmax (math: 1.36x faster steps on 2 cores, run 9)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the UNet's training forward (run 9: 1.4x on top of --attention math, ~70 s to compile)")
     p.add_argument("--unet-lr", type=float, default=5e-4)
     p.add_argument("--unet-batch", type=int, default=32)
     p.add_argument("--unet-steps", type=int, default=0)
