@@ -230,7 +230,9 @@ def use_attention(model, a):
     dims 32-128, batch 64) PyTorch's fused CPU SDPA spends ~190 ms per step in its backward alone, a quarter of
     the step (torch profiler, 2 cores); the plain path materialises 64 x 256 x 256 scores (16 MB), which is
     nothing here, and made a batch-64 bf16 step 1.36x faster (0.81-0.85 s -> 0.57-0.62 s, alternated). The
-    maths is the same, so the exported weights do not depend on it."""
+    maths is the same, so the exported weights' format does not depend on it; the precision is not: under bf16
+    autocast the plain path rounds the scores to bf16 before the softmax (output error 2.1e-2 against fp32 for
+    one layer, the fused SDPA 1.3e-2), a suspect in run 9's weaker text binding (tools/train/README.md)."""
     if a.attention == "math":
         from diffusers.models.attention_processor import AttnProcessor
 
