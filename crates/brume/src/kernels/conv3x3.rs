@@ -26,11 +26,15 @@ use std::cell::RefCell;
 use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
+use super::matmul::{load_block, store_block};
 use super::simd::{Portable, Simd};
 use super::{isa, require, Isa, SharedMut};
 
-/// Output channels per register block.
-const OB: usize = 6;
+/// Output channels per register block (the bf16 kernel's too: [`FlatTasks`] counts
+/// channel blocks of OB for both).
+pub(crate) const OB: usize = 6;
+// A block's partial sums go through the GEMM's block loads and stores (MR rows).
+const _: () = assert!(OB == super::matmul::MR);
 
 thread_local! {
     /// Three zero-bordered input rows of every channel, reused across tasks.
@@ -462,18 +466,10 @@ impl<S: Simd> FlatPanel for FloatPanel<'_, S> {
         // p0..p0 + pc lie in `img`; loads read plane[blk * XB + ky * pitch + kx ..][..XB],
         // inside each plane (blocks * XB + 2 * pitch + 2 long).
         unsafe {
-            let mut acc = [[S::splat(0.0); 2]; OB];
-            if p0 > 0 {
-                for (j, a) in acc.iter_mut().enumerate() {
-                    *a = [S::load(sums.add(j * Self::XB)), S::load(sums.add(j * Self::XB + S::LANES))];
-                }
-            }
+            let mut acc = if p0 > 0 { load_block::<S>(sums, Self::XB, OB, Self::XB) } else { [[S::splat(0.0); 2]; OB] };
             let planes = self.img.as_ptr().add((n * c + p0) * f.plane);
             block::<S>(&mut acc, planes, f.plane, f.pitch, pc, &wrows, blk * Self::XB);
-            for (j, a) in acc.iter().enumerate() {
-                S::store(sums.add(j * Self::XB), a[0]);
-                S::store(sums.add(j * Self::XB + S::LANES), a[1]);
-            }
+            store_block::<S>(&acc, sums, Self::XB, OB, Self::XB);
         }
     }
 }

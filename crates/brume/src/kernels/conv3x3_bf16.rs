@@ -27,10 +27,13 @@ use super::bf16::pack_pairs;
 use super::bf16::require;
 #[cfg(target_arch = "x86_64")]
 use super::conv3x3::{flat_task, FlatPanel};
-use super::conv3x3::{with_sums, Dims, Flat, FlatTasks, RowTasks};
+#[cfg(target_arch = "x86_64")]
+use super::matmul::{load_block, store_block};
+#[cfg(target_arch = "x86_64")]
+use super::simd::Avx512;
+use super::conv3x3::{with_sums, Dims, Flat, FlatTasks, RowTasks, OB};
 use super::SharedMut;
 
-const OB: usize = 6;
 /// Pixels per vector (16 f32 lanes, each fed by one bf16 pair).
 const L: usize = 16;
 const XB: usize = 2 * L;
@@ -255,18 +258,10 @@ impl FlatPanel for PairPanel<'_> {
         // p0..p0 + pc lie in `img`; loads read plane[blk * XB + ky * pitch + kx ..][..XB],
         // inside each plane (blocks * XB + 2 * pitch + 2 words).
         unsafe {
-            let mut acc = [[_mm512_setzero_ps(); 2]; OB];
-            if p0 > 0 {
-                for (j, a) in acc.iter_mut().enumerate() {
-                    *a = [_mm512_loadu_ps(sums.add(j * XB)), _mm512_loadu_ps(sums.add(j * XB + L))];
-                }
-            }
+            let mut acc = if p0 > 0 { load_block::<Avx512>(sums, XB, OB, XB) } else { [[_mm512_setzero_ps(); 2]; OB] };
             let planes = self.img.as_ptr().add((n * cp + p0) * f.plane);
             block(&mut acc, planes, f.plane, f.pitch, pc, &wrows, blk * XB);
-            for (j, a) in acc.iter().enumerate() {
-                _mm512_storeu_ps(sums.add(j * XB), a[0]);
-                _mm512_storeu_ps(sums.add(j * XB + L), a[1]);
-            }
+            store_block::<Avx512>(&acc, sums, XB, OB, XB);
         }
     }
 }
