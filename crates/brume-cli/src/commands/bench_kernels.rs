@@ -67,7 +67,8 @@ impl Case {
         }
     }
 
-    /// brume's other paths for this op, by name: the im2col + GEMM conv (what
+    /// brume's other paths for this op, by name: the direct 3x3 kernel (where
+    /// `BRUME_WINOGRAD=on` lets the layers run Winograd), the im2col + GEMM conv (what
     /// `--kernels reference` runs on mapped weights) and, on a CPU with
     /// AVX512-BF16, the bf16-product 3x3 conv, GEMM and attention; on a CPU with AMX, the tile
     /// kernels (what `--compute bf16` runs there).
@@ -79,6 +80,10 @@ impl Case {
             Op::Attention { .. } if brume::kernels::conv3x3_bf16::supported() => vec!["bf16"],
             _ => Vec::new(),
         };
+        // With `BRUME_WINOGRAD=on` the layers' path may be Winograd: the direct kernel beside it.
+        if brume::kernels::winograd::enabled() && matches!(&self.op, Op::Conv { padding: 1, .. }) {
+            v.insert(0, "direct");
+        }
         // AMX tiles (what `--compute bf16` runs where the CPU has them).
         let one_image_1x1 = matches!(&self.op, Op::Conv { x, padding: 0, .. } if x.dim(0).is_ok_and(|b| b == 1));
         if brume::kernels::amx::supported() && (matches!(&self.op, Op::Conv { padding: 1, .. } | Op::Linear { .. } | Op::Attention { .. }) || one_image_1x1) {
@@ -95,6 +100,8 @@ impl Case {
                 brume::kernels::set_mode(brume::kernels::KernelMode::Fast);
                 y
             }
+            // The direct f32 kernel, where the layers' path may take Winograd.
+            (Op::Conv { x, w, padding: 1, .. }, "direct") => brume::kernels::conv3x3::conv3x3(x, w),
             // The layers' path: the kernel's pairs were made once, at "load".
             (Op::Conv { x, pairs: Some(pairs), .. }, "bf16") => brume::kernels::conv3x3_bf16::conv3x3_bf16_packed(x, pairs),
             (Op::Linear { x, strips: Some(strips), .. }, "bf16") => brume::kernels::matmul_bf16::linear_bf16_packed(x, strips),
@@ -407,6 +414,7 @@ pub fn run(a: KernelArgs) -> anyhow::Result<()> {
             let label = match *name {
                 "bf16" => "brume bf16",
                 "amx" => "brume amx bf16",
+                "direct" => "brume direct",
                 _ => "brume im2col",
             };
             rows.push((label, timed(&alt[i])?, format!("{:.1e}", alt_err[i])));

@@ -345,7 +345,18 @@ pub(crate) unsafe fn flat_task<K: FlatPanel>(
     }
 }
 
-/// `out` [b, o, h, w] = conv(`x` [b, c, h, w], `weights` [o, c, 3, 3]), padding 1.
+/// `out` [b, o, h, w] = conv(`x` [b, c, h, w], `weights` [o, c, 3, 3]), padding 1,
+/// by the fastest f32 kernel for the sizes: Winograd on large maps with enough
+/// channels ([`super::winograd::plan`]), else the direct kernel.
+pub(crate) fn run_best(isa: Isa, x: &[f32], d: Dims, weights: &[f32], out: &mut [f32]) -> Result<()> {
+    if super::winograd::plan(d).is_some() {
+        return super::winograd::run(isa, x, d, weights, out);
+    }
+    run(isa, x, d, weights, out)
+}
+
+/// `out` [b, o, h, w] = conv(`x` [b, c, h, w], `weights` [o, c, 3, 3]), padding 1,
+/// by the direct kernel.
 pub(crate) fn run(isa: Isa, x: &[f32], d: Dims, weights: &[f32], out: &mut [f32]) -> Result<()> {
     require(isa)?;
     let Dims { batch, in_ch: c, out_ch: o, h, w } = d;

@@ -23,6 +23,7 @@ pub mod matmul;
 pub mod matmul_bf16;
 pub mod peak;
 mod simd;
+pub mod winograd;
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::OnceLock;

@@ -450,7 +450,7 @@ fn conv_into(x: &[f32], g: ConvGeom, o: usize, weights: &[f32], bf16: bool, cols
         return if bf16 {
             crate::kernels::conv3x3_bf16::run(x, d, weights, out)
         } else {
-            crate::kernels::conv3x3::run(crate::kernels::isa(), x, d, weights, out)
+            crate::kernels::conv3x3::run_best(crate::kernels::isa(), x, d, weights, out)
         };
     }
     let direct = kh == 1 && kw == 1 && s == 1 && p == 0;

@@ -27,11 +27,15 @@ pub struct Kernels {
     /// The bf16 attention kernel that runs, if any: it rounds every head's keys and
     /// values into packed copies that live for the call.
     pub bf16_attention: Option<crate::kernels::Bf16Attention>,
+    /// 3x3 convolutions with f32 products on large maps run Winograd
+    /// (`kernels::winograd`, opt-in), whose transformed kernel and chunk of transformed input
+    /// and products live for the call.
+    pub winograd: bool,
 }
 
 impl Kernels {
     /// candle's plain ops (`--kernels reference`, other devices, non-f32 compute).
-    pub const REFERENCE: Self = Self { fused_norm: false, fused_attention: false, direct_conv: false, bf16_attention: None };
+    pub const REFERENCE: Self = Self { fused_norm: false, fused_attention: false, direct_conv: false, bf16_attention: None, winograd: false };
 
     /// What this process runs on the CPU for activations of `dtype`, by the
     /// layers' own rules (`kernels::fast_for`, `kernels::fused_attention_on_cpu`).
@@ -39,7 +43,8 @@ impl Kernels {
         let fast = crate::kernels::fast_for(dtype);
         let fused_attention = crate::kernels::fused_attention_on_cpu();
         let bf16_attention = if fused_attention { crate::kernels::bf16_attention() } else { None };
-        Self { fused_norm: fast, fused_attention, direct_conv: fast, bf16_attention }
+        let winograd = fast && crate::kernels::compute() == crate::kernels::Compute::F32 && crate::kernels::winograd::enabled();
+        Self { fused_norm: fast, fused_attention, direct_conv: fast, bf16_attention, winograd }
     }
 }
 
@@ -78,9 +83,12 @@ impl Sim {
             2 * x
         }
     }
-    /// The scratch of a 3x3, stride-1 convolution from `c` channels over `m`.
-    fn conv3(&self, c: u64, m: Map) -> u64 {
-        if self.kernels.direct_conv {
+    /// The scratch of a 3x3, stride-1 convolution from `c` to `o` channels over `m`.
+    fn conv3(&self, c: u64, o: u64, m: Map) -> u64 {
+        let d = crate::kernels::conv3x3::Dims { batch: m.b as usize, in_ch: c as usize, out_ch: o as usize, h: m.h as usize, w: m.w as usize };
+        if self.kernels.winograd && crate::kernels::winograd::plan(d).is_some() {
+            crate::kernels::winograd::scratch_bytes(d) as u64
+        } else if self.kernels.direct_conv {
             // Narrow maps run on a zero-bordered copy of the input (the flat layout).
             crate::kernels::conv3x3::scratch_bytes(m.b as usize, c as usize, m.h as usize, m.w as usize) as u64
         } else {
@@ -140,14 +148,14 @@ fn resnet(sim: &mut Sim, m: Map, cin: usize, cout: usize, temb: bool) {
     let (i, o) = (m.ch(cin), m.ch(cout));
     // norm1 internals, then norm + silu + conv1 and its patches.
     sim.spike(sim.norm(i));
-    sim.spike(sim.norm_act(i) + o + sim.conv3(cin as u64, m));
+    sim.spike(sim.norm_act(i) + o + sim.conv3(cin as u64, cout as u64, m));
     sim.alloc(o); // h1
     let mut held = o;
     if temb {
         sim.spike(o); // h1 + temb, which replaces h1
     }
     sim.spike(sim.norm(o));
-    sim.spike(sim.norm_act(o) + o + sim.conv3(cout as u64, m));
+    sim.spike(sim.norm_act(o) + o + sim.conv3(cout as u64, cout as u64, m));
     sim.alloc(o); // h2 (the shadowed h stays alive to the end of the call)
     held += o;
     if cin != cout {
@@ -242,7 +250,7 @@ pub fn unet(cfg: &UNetConfig, b: usize, h: usize, w: usize, s: usize, ctx_tokens
     let ch = &cfg.block_out_channels;
     let ctx = ctx_tokens as u64;
     sim.alloc(m.ch(cfg.in_channels)); // the sample
-    sim.spike(m.ch(ch[0]) + sim.conv3(cfg.in_channels as u64, m));
+    sim.spike(m.ch(ch[0]) + sim.conv3(cfg.in_channels as u64, ch[0] as u64, m));
     sim.alloc(m.ch(ch[0])); // conv_in (also the first skip: shared storage)
     let mut skips: Vec<u64> = vec![m.ch(ch[0])];
     let mut prev = ch[0];
@@ -307,7 +315,7 @@ pub fn unet(cfg: &UNetConfig, b: usize, h: usize, w: usize, s: usize, ctx_tokens
             m = upsample(&mut sim, m, c);
         }
     }
-    sim.spike(sim.norm(m.ch(ch[0])).max(sim.norm_act(m.ch(ch[0])) + sim.conv3(ch[0] as u64, m) + m.ch(cfg.out_channels)));
+    sim.spike(sim.norm(m.ch(ch[0])).max(sim.norm_act(m.ch(ch[0])) + sim.conv3(ch[0] as u64, cfg.out_channels as u64, m) + m.ch(cfg.out_channels)));
     sim.peak()
 }
 
@@ -318,7 +326,7 @@ pub fn vae_decoder(cfg: &AutoencoderKLConfig, b: usize, h: usize, w: usize, s: u
     let ch = &cfg.block_out_channels;
     let top = *ch.last().unwrap_or(&0);
     sim.alloc(2 * m.ch(cfg.latent_channels)); // latents, post_quant_conv
-    sim.spike(m.ch(top) + sim.conv3(cfg.latent_channels as u64, m));
+    sim.spike(m.ch(top) + sim.conv3(cfg.latent_channels as u64, top as u64, m));
     sim.alloc(m.ch(top));
     resnet(&mut sim, m, top, top, false);
     sim.free(m.ch(top));
@@ -350,7 +358,7 @@ pub fn vae_decoder(cfg: &AutoencoderKLConfig, b: usize, h: usize, w: usize, s: u
             m = upsample(&mut sim, m, c);
         }
     }
-    sim.spike(sim.norm(m.ch(ch[0])).max(sim.norm_act(m.ch(ch[0])) + sim.conv3(ch[0] as u64, m) + m.ch(cfg.out_channels)));
+    sim.spike(sim.norm(m.ch(ch[0])).max(sim.norm_act(m.ch(ch[0])) + sim.conv3(ch[0] as u64, cfg.out_channels as u64, m) + m.ch(cfg.out_channels)));
     sim.peak()
 }
 
@@ -371,7 +379,7 @@ pub fn text_encoder(cfg: &ClipTextConfig, b: usize, tokens: usize, s: usize, ker
 fn upsample(sim: &mut Sim, m: Map, c: usize) -> Map {
     let up = m.double();
     sim.alloc(up.ch(c));
-    sim.spike(up.ch(c) + sim.conv3(c as u64, up));
+    sim.spike(up.ch(c) + sim.conv3(c as u64, c as u64, up));
     sim.alloc(up.ch(c));
     sim.free(up.ch(c) + m.ch(c));
     up
