@@ -174,9 +174,14 @@ unsafe fn task_avx2(p: &Problem, rows: std::ops::Range<usize>, cols: std::ops::R
     unsafe { task::<super::simd::Avx2, 2>(p, rows, cols, panel, out) }
 }
 
-/// Bytes of one packed strip of B (KC x NV vectors): it is reread by every row block
-/// of a chunk, so it must stay in a 32 KB L1 with room for the A rows streaming by.
-const PANEL_BYTES: usize = 16 * 1024;
+/// Most bytes of one packed strip of B (KC x NV vectors): up to k = 1280 with 4
+/// vectors, the whole reduction in one chunk. Every chunk after the first reloads
+/// and stores the task's output blocks, and at 16 KiB (k in chunks of 64) a linear
+/// layer's 4096 x 2560 output (42 MB) went through memory five times per call; the
+/// strip instead streams from L2 (4 vectors per 24 FMAs). Alternated in one process
+/// on the Intel Xeon host, 7 SD 1.5 layer shapes, medians of 21, twice: 320 KiB was
+/// 1.00-1.32x the GFLOP/s of 16 KiB (64 KiB in between).
+const PANEL_BYTES: usize = 320 * 1024;
 /// Vectors of B's columns per register block with AVX-512: 6 rows x 4 vectors hold 24
 /// of its 32 registers, and each step of k feeds 24 FMAs from 4 loads and 6
 /// broadcasts where 6 x 2 fed 12 from 2 and 6. Alternated in one process on the
@@ -184,8 +189,8 @@ const PANEL_BYTES: usize = 16 * 1024;
 /// 384-4096 positions, linear layers 4096 x 320-1280 -> 320-2560), medians of 25: 4
 /// vectors ran 0.81-0.97x the time of 2 on six, 1.05x on one.
 const WIDE: usize = 4;
-/// Rows of A per chunk: 48 rows x 128 values = 24 KB, reused from L1/L2 by every
-/// strip of the task.
+/// Rows of A per chunk, reused from L1/L2 by every strip of the task (48 rows x 320
+/// values = 60 KB).
 const MC: usize = 8 * MR;
 
 /// One task: rows x cols of the output, GotoBLAS-style. For each chunk of k (an even
@@ -193,7 +198,7 @@ const MC: usize = 8 * MR;
 /// are taken MC at a time and each row chunk runs against every strip (the partial
 /// sums of one k chunk are picked up by the next from `out`). A row chunk stays in
 /// L1/L2 while the strips go by; walking all rows per strip instead re-read A from
-/// L3 for every two vectors of columns.
+/// L3 for every strip of columns.
 ///
 /// SAFETY: the CPU has `S`'s features; `out` points at the m x n output, of which
 /// this call writes only `rows` x `cols`; the slices in `p` were bounds-checked.
@@ -386,4 +391,5 @@ pub fn linear_on(isa: Isa, a: &Tensor, w: &Tensor) -> Result<Tensor> {
 pub fn linear(a: &Tensor, w: &Tensor) -> Result<Tensor> {
     linear_on(isa(), a, w)
 }
+
 
