@@ -3,7 +3,8 @@
 //! register block, widths with and without vector tails (down to 1 pixel), batches,
 //! and the layer path (`Conv2d` over mapped f32 weights) that dispatches to it. The
 //! shapes cover both of the kernel's layouts: rows of whole vector blocks, and the
-//! flat layout of narrow or odd-width maps (SD's 16x16 and 8x8 levels).
+//! flat layout of narrow or odd-width maps (SD's 16x16 and 8x8 levels). The opt-in
+//! Winograd F(2x2, 3x3) path is held to the same checks.
 
 use brume::kernels::conv3x3::conv3x3_on;
 use brume::kernels::Isa;
@@ -22,9 +23,7 @@ fn rel_err(got: &Tensor, want: &Tensor) -> f32 {
 
 #[test]
 fn conv3x3_many_shapes() {
-    let dev = Device::Cpu;
-    let mut rng = Rng::new(11);
-    for &(b, c, o, h, w) in &[
+    let shapes = &[
         (1, 1, 1, 1, 1),
         (1, 3, 5, 4, 7),
         (2, 4, 6, 8, 8),
@@ -43,17 +42,84 @@ fn conv3x3_many_shapes() {
         // position blocks than one task takes (3 images of 16x16).
         (2, 75, 100, 8, 8),
         (3, 33, 9, 16, 16),
-    ] {
+    ];
+    check_conv3x3(conv3x3_on, shapes, 11, 2e-6);
+}
+
+/// `conv` on every instruction set this CPU runs against candle's conv2d (padding 1)
+/// on random inputs of `shapes` (batch, in, out, h, w), within `tol` relative.
+fn check_conv3x3(conv: impl Fn(Isa, &Tensor, &Tensor) -> candle_core::Result<Tensor>, shapes: &[(usize, usize, usize, usize, usize)], seed: u64, tol: f32) {
+    let dev = Device::Cpu;
+    let mut rng = Rng::new(seed);
+    for &(b, c, o, h, w) in shapes {
         let x = rng.randn(&[b, c, h, w], &dev).unwrap();
         let k = rng.randn(&[o, c, 3, 3], &dev).unwrap();
         let want = x.conv2d(&k, 1, 1, 1, 1).unwrap();
         for isa in Isa::all_supported() {
-            let got = conv3x3_on(isa, &x, &k).unwrap();
+            let got = conv(isa, &x, &k).unwrap();
             assert_eq!(got.dims(), want.dims());
             let err = rel_err(&got, &want);
-            assert!(err <= 2e-6, "{} {:?}: rel err {err:.2e}", isa.name(), (b, c, o, h, w));
+            assert!(err <= tol, "{} {:?}: rel err {err:.2e}", isa.name(), (b, c, o, h, w));
         }
     }
+}
+
+/// Winograd F(2x2, 3x3): odd and even sides (partial 2x2 tiles on the right and
+/// bottom edges), single-pixel maps, channel counts off the GEMM's blocks, batches.
+#[test]
+fn winograd_many_shapes() {
+    let shapes = &[
+        (1, 1, 1, 1, 1),
+        (1, 2, 3, 1, 2),
+        (1, 3, 5, 4, 7),
+        (2, 4, 6, 5, 5),
+        (1, 7, 13, 9, 17),
+        (1, 32, 32, 16, 16),
+        (2, 33, 40, 17, 18),
+        (1, 64, 19, 5, 64),
+        (1, 9, 4, 31, 2),
+        (3, 16, 70, 12, 11),
+    ];
+    // The transforms add up to 16 terms in f32 each way: a few ulps more than the direct sum.
+    check_conv3x3(brume::kernels::winograd::conv3x3_on, shapes, 23, 1e-5);
+}
+
+#[test]
+fn winograd_in_chunks_matches_the_direct_kernel() {
+    // 256 + 256 channels over 64x64: one tile row of transformed input and products is
+    // 1 MiB, so a 16 MiB chunk takes 16 of the 32 tile rows and the image runs in two.
+    let dev = Device::Cpu;
+    let mut rng = Rng::new(5);
+    let (b, c, o, h, w) = (2, 256, 256, 64, 64);
+    let x = rng.randn(&[b, c, h, w], &dev).unwrap();
+    let k = (rng.randn(&[o, c, 3, 3], &dev).unwrap() * 0.05).unwrap();
+    let isa = brume::kernels::isa();
+    let want = conv3x3_on(isa, &x, &k).unwrap();
+    let got = brume::kernels::winograd::conv3x3_on(isa, &x, &k).unwrap();
+    let err = rel_err(&got, &want);
+    assert!(err <= 1e-5, "rel err {err:.2e}");
+}
+
+#[test]
+fn layer_path_takes_winograd_when_enabled() {
+    use brume::kernels::winograd::{conv3x3_on as winograd, set_enabled};
+    use brume::layers::mapped::conv2d_dense;
+    let _switches = GLOBAL_SWITCHES.lock().unwrap_or_else(|e| e.into_inner());
+    let dev = Device::Cpu;
+    let mut rng = Rng::new(31);
+    // 40 -> 36 channels at 20x20: wide and large enough for Winograd (f32 compute, the default).
+    let x = rng.randn(&[2, 40, 20, 20], &dev).unwrap();
+    let k = rng.randn(&[36, 40, 3, 3], &dev).unwrap();
+    let want = x.conv2d(&k, 1, 1, 1, 1).unwrap();
+    set_enabled(true);
+    let got = conv2d_dense(&x, &k, 1, 1, true);
+    set_enabled(false);
+    let got = got.unwrap();
+    let err = rel_err(&got, &want);
+    assert!(err <= 1e-5, "rel err {err:.2e}");
+    // and it is Winograd's result, not the direct kernel's (their sums round differently)
+    assert_eq!(rel_err(&got, &winograd(brume::kernels::isa(), &x, &k).unwrap()), 0.0);
+    assert!(rel_err(&conv2d_dense(&x, &k, 1, 1, true).unwrap(), &got) > 0.0, "switched off, the direct kernel runs");
 }
 
 #[test]
@@ -79,8 +145,10 @@ fn conv3x3_rejects_mismatched_kernels() {
     let wrong_in = Tensor::zeros((2, 3, 3, 3), candle_core::DType::F32, &dev).unwrap();
     let wrong_k = Tensor::zeros((2, 4, 1, 1), candle_core::DType::F32, &dev).unwrap();
     for isa in Isa::all_supported() {
-        assert!(conv3x3_on(isa, &x, &wrong_in).is_err());
-        assert!(conv3x3_on(isa, &x, &wrong_k).is_err());
+        for conv in [conv3x3_on, brume::kernels::winograd::conv3x3_on] {
+            assert!(conv(isa, &x, &wrong_in).is_err());
+            assert!(conv(isa, &x, &wrong_k).is_err());
+        }
     }
 }
 

@@ -51,6 +51,26 @@ pub(crate) struct Dims {
     pub w: usize,
 }
 
+impl Dims {
+    /// Checks a call's f32 buffers (input, [o, c, 3, 3] kernel, output) against these
+    /// sizes; `Ok(false)` when nothing is left to compute (an empty output, or no input
+    /// channels, which zeroes it). `what` names the kernel in the error.
+    pub(crate) fn check(&self, what: &str, x: &[f32], weights: &[f32], out: &mut [f32]) -> Result<bool> {
+        let Dims { batch, in_ch: c, out_ch: o, h, w } = *self;
+        if x.len() != batch * c * h * w || weights.len() != o * c * 9 || out.len() != batch * o * h * w {
+            candle_core::bail!("{what}: buffer sizes do not match {self:?}");
+        }
+        if out.is_empty() {
+            return Ok(false);
+        }
+        if c == 0 {
+            out.fill(0.0);
+            return Ok(false);
+        }
+        Ok(true)
+    }
+}
+
 /// Largest zero-bordered copy of the input the flat layout may make; past it the
 /// row layout runs, whatever lanes it wastes.
 const FLAT_SCRATCH_MAX: usize = 16 << 20;
@@ -359,17 +379,10 @@ pub(crate) fn run_best(isa: Isa, x: &[f32], d: Dims, weights: &[f32], out: &mut 
 /// by the direct kernel.
 pub(crate) fn run(isa: Isa, x: &[f32], d: Dims, weights: &[f32], out: &mut [f32]) -> Result<()> {
     require(isa)?;
+    if !d.check("conv3x3", x, weights, out)? {
+        return Ok(());
+    }
     let Dims { batch, in_ch: c, out_ch: o, h, w } = d;
-    if x.len() != batch * c * h * w || weights.len() != o * c * 9 || out.len() != batch * o * h * w {
-        candle_core::bail!("conv3x3: buffer sizes do not match {d:?}");
-    }
-    if batch * o * h * w == 0 {
-        return Ok(());
-    }
-    if c == 0 {
-        out.fill(0.0);
-        return Ok(());
-    }
     if let Some(flat) = Flat::plan(batch, c, h, w, 2 * lanes(isa)) {
         run_flat(isa, x, d, weights, out, flat);
         return Ok(());

@@ -131,17 +131,10 @@ pub fn conv3x3_on(isa: Isa, x: &candle_core::Tensor, w: &candle_core::Tensor) ->
 /// Winograd whatever the sizes (the layers ask [`plan`] first).
 pub(crate) fn run(isa: Isa, x: &[f32], d: Dims, weights: &[f32], out: &mut [f32]) -> Result<()> {
     require(isa)?;
+    if !d.check("winograd conv3x3", x, weights, out)? {
+        return Ok(());
+    }
     let Dims { batch, in_ch: c, out_ch: o, h, w } = d;
-    if x.len() != batch * c * h * w || weights.len() != o * c * 9 || out.len() != batch * o * h * w {
-        candle_core::bail!("winograd conv3x3: buffer sizes do not match {d:?}");
-    }
-    if batch * o * h * w == 0 {
-        return Ok(());
-    }
-    if c == 0 {
-        out.fill(0.0);
-        return Ok(());
-    }
     let p = Plan::new(c, o, h, w);
     // U [16][o][c] and V [16][c][tiles]: every product reads whole rows. (With ξ
     // inside, rows 16c apart put the GEMM's six rows of A in one cache set: 110
