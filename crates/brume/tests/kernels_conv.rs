@@ -42,6 +42,9 @@ fn conv3x3_many_shapes() {
         // position blocks than one task takes (3 images of 16x16).
         (2, 75, 100, 8, 8),
         (3, 33, 9, 16, 16),
+        // Rows of whole 4-vector blocks (AVX-512 at widths of 64), one and two per row.
+        (1, 7, 13, 3, 128),
+        (2, 12, 6, 4, 64),
     ];
     check_conv3x3(conv3x3_on, shapes, 11, 2e-6);
 }

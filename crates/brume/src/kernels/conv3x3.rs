@@ -4,9 +4,10 @@
 //! and hands a general matrix product shapes it is poor at when the channel count
 //! is small (the built-in model's VAE runs 16 channels at 128x128: a 16-row GEMM).
 //! This kernel instead keeps a block of 6 output channels x 2 vectors of output
-//! pixels in registers and, for every input channel and tap, loads two input vectors
-//! and broadcasts six weights: 12 FMAs per 8 loads, so it is arithmetic-bound at
-//! any channel count. Weights are read where they are (out, in, 3, 3) — six streams
+//! pixels in registers (4 vectors on AVX-512 rows a multiple of 64 wide) and, for
+//! every input channel and tap, loads two (four) input vectors and broadcasts six
+//! weights: 12 FMAs per 8 loads (24 per 10), so it is arithmetic-bound at any
+//! channel count. Weights are read where they are (out, in, 3, 3) — six streams
 //! of contiguous taps — so nothing is repacked and no per-layer copy is made. The
 //! only scratch is three zero-bordered input rows per task (one thread-local
 //! buffer), which also removes every bounds check from the inner loop.
@@ -402,7 +403,7 @@ pub(crate) fn run(isa: Isa, x: &[f32], d: Dims, weights: &[f32], out: &mut [f32]
                     Isa::Avx512 => row_avx512(img, d, n, y, weights, blocks.clone(), &mut buf, dst),
                     #[cfg(target_arch = "x86_64")]
                     Isa::Avx2 => row_avx2(img, d, n, y, weights, blocks.clone(), &mut buf, dst),
-                    _ => output_row::<Portable>(img, d, n, y, weights, blocks.clone(), &mut buf, dst),
+                    _ => output_row::<Portable, 2>(img, d, n, y, weights, blocks.clone(), &mut buf, dst),
                 }
             }
         });
@@ -492,7 +493,7 @@ impl<S: Simd> FlatPanel for FloatPanel<'_, S> {
         unsafe {
             let mut acc = if p0 > 0 { load_block::<S>(sums, Self::XB, OB, Self::XB) } else { [[S::splat(0.0); 2]; OB] };
             let planes = self.img.as_ptr().add((n * c + p0) * f.plane);
-            block::<S>(&mut acc, planes, f.plane, f.pitch, pc, &wrows, blk * Self::XB);
+            block::<S, 2>(&mut acc, planes, f.plane, f.pitch, pc, &wrows, blk * Self::XB);
             store_block::<S>(&acc, sums, Self::XB, OB, Self::XB);
         }
     }
@@ -502,14 +503,26 @@ impl<S: Simd> FlatPanel for FloatPanel<'_, S> {
 #[target_feature(enable = "avx512f,fma")]
 unsafe fn row_avx512(img: &[f32], d: Dims, n: usize, y: usize, w: &[f32], blocks: std::ops::Range<usize>, buf: &mut Vec<f32>, dst: SharedMut) {
     // SAFETY: forwarded from the caller.
-    unsafe { output_row::<super::simd::Avx512>(img, d, n, y, w, blocks, buf, dst) }
+    unsafe {
+        if d.w % (WIDE * 16) == 0 {
+            output_row::<super::simd::Avx512, WIDE>(img, d, n, y, w, blocks, buf, dst)
+        } else {
+            output_row::<super::simd::Avx512, 2>(img, d, n, y, w, blocks, buf, dst)
+        }
+    }
 }
+
+/// Vectors of output pixels per register block on AVX-512 rows whose width they divide
+/// (SD's 64-wide level, the VAE's 128-512): 6 channels x 4 vectors hold 24 of the 32
+/// registers, and each tap feeds 24 FMAs from 4 loads and 6 broadcasts where 6 x 2 fed
+/// 12 from 2 and 6 (the GEMM's same change: `matmul::WIDE`).
+const WIDE: usize = 4;
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn row_avx2(img: &[f32], d: Dims, n: usize, y: usize, w: &[f32], blocks: std::ops::Range<usize>, buf: &mut Vec<f32>, dst: SharedMut) {
     // SAFETY: forwarded from the caller.
-    unsafe { output_row::<super::simd::Avx2>(img, d, n, y, w, blocks, buf, dst) }
+    unsafe { output_row::<super::simd::Avx2, 2>(img, d, n, y, w, blocks, buf, dst) }
 }
 
 /// Output row `y` of image `n` (its input: `img`) for the channel blocks `blocks`.
@@ -517,7 +530,7 @@ unsafe fn row_avx2(img: &[f32], d: Dims, n: usize, y: usize, w: &[f32], blocks: 
 /// SAFETY: the CPU has `S`'s features; `dst` points at the whole [b, o, h, w] output
 /// of which this call writes only row `y` of image `img`'s channels in `blocks`.
 #[inline(always)]
-unsafe fn output_row<S: Simd>(
+unsafe fn output_row<S: Simd, const NV: usize>(
     img: &[f32],
     d: Dims,
     n: usize,
@@ -528,7 +541,7 @@ unsafe fn output_row<S: Simd>(
     dst: SharedMut,
 ) {
     let (c, o, h, w) = (d.in_ch, d.out_ch, d.h, d.w);
-    let xb = 2 * S::LANES;
+    let xb = NV * S::LANES;
     let wpad = w.div_ceil(xb) * xb;
     // Row ky of channel ci holds input row y + ky - 1 at [1, w], zeros around it,
     // wide enough for the last block's shifted loads.
@@ -564,10 +577,10 @@ unsafe fn output_row<S: Simd>(
         });
         let mut x0 = 0;
         while x0 < w {
-            let mut acc = [[S::splat(0.0); 2]; OB];
-            // SAFETY: every load reads rows[ci * 3 + ky][x0 + kx .. x0 + kx + 2 * LANES],
-            // inside the row (x0 + 2 * LANES <= wpad, kx <= 2, row width wpad + 2).
-            unsafe { block::<S>(&mut acc, base, 3 * sw, sw, c, &wrows, x0) };
+            let mut acc = [[S::splat(0.0); NV]; OB];
+            // SAFETY: every load reads rows[ci * 3 + ky][x0 + kx .. x0 + kx + NV * LANES],
+            // inside the row (x0 + NV * LANES <= wpad, kx <= 2, row width wpad + 2).
+            unsafe { block::<S, NV>(&mut acc, base, 3 * sw, sw, c, &wrows, x0) };
             let count = xb.min(w - x0);
             for (j, a) in acc.iter().enumerate() {
                 let oc = blk * OB + j;
@@ -579,11 +592,13 @@ unsafe fn output_row<S: Simd>(
                 unsafe {
                     let p = out_img.add(((n * o + oc) * h + y) * w + x0);
                     if count == xb {
-                        S::store(p, a[0]);
-                        S::store(p.add(S::LANES), a[1]);
+                        for (v, &x) in a.iter().enumerate() {
+                            S::store(p.add(v * S::LANES), x);
+                        }
                     } else {
-                        S::store(tail.as_mut_ptr(), a[0]);
-                        S::store(tail.as_mut_ptr().add(S::LANES), a[1]);
+                        for (v, &x) in a.iter().enumerate() {
+                            S::store(tail.as_mut_ptr().add(v * S::LANES), x);
+                        }
                         std::ptr::copy_nonoverlapping(tail.as_ptr(), p, count);
                     }
                 }
@@ -593,15 +608,15 @@ unsafe fn output_row<S: Simd>(
     }
 }
 
-/// Adds to `acc` six output channels x two vectors of output pixels starting at `x0`,
+/// Adds to `acc` six output channels x NV vectors of output pixels starting at `x0`,
 /// summed over `c` input channels: channel ci's tap row ky starts `ci * chan + ky *
 /// pitch` values into `rows`, its weights at `wrows[j] + ci * 9`.
 ///
 /// SAFETY: the CPU has `S`'s features; for every ci < c and ky < 3, `rows` holds
-/// `2 * LANES + 2` floats from `ci * chan + ky * pitch + x0`; each `wrows[j]` points at
+/// `NV * LANES + 2` floats from `ci * chan + ky * pitch + x0`; each `wrows[j]` points at
 /// `c * 9` floats.
 #[inline(always)]
-unsafe fn block<S: Simd>(acc: &mut [[S::V; 2]; OB], rows: *const f32, chan: usize, pitch: usize, c: usize, wrows: &[*const f32; OB], x0: usize) {
+unsafe fn block<S: Simd, const NV: usize>(acc: &mut [[S::V; NV]; OB], rows: *const f32, chan: usize, pitch: usize, c: usize, wrows: &[*const f32; OB], x0: usize) {
     unsafe {
         let mut r = *acc;
         for ci in 0..c {
@@ -609,13 +624,13 @@ unsafe fn block<S: Simd>(acc: &mut [[S::V; 2]; OB], rows: *const f32, chan: usiz
             for ky in 0..3 {
                 let row = base.add(ky * pitch);
                 for kx in 0..3 {
-                    let a = S::load(row.add(kx));
-                    let b = S::load(row.add(kx + S::LANES));
+                    let xs: [S::V; NV] = std::array::from_fn(|v| S::load(row.add(kx + v * S::LANES)));
                     let tap = ci * 9 + ky * 3 + kx;
                     for j in 0..OB {
                         let wv = S::splat(*wrows[j].add(tap));
-                        r[j][0] = S::fmadd(a, wv, r[j][0]);
-                        r[j][1] = S::fmadd(b, wv, r[j][1]);
+                        for v in 0..NV {
+                            r[j][v] = S::fmadd(xs[v], wv, r[j][v]);
+                        }
                     }
                 }
             }
