@@ -174,14 +174,15 @@ fn layer_dispatch_matches_plain_conv_in_both_modes() {
     }
 }
 
-/// Tails of every kind, k split into several chunks (801), and tasks that walk several
-/// 48-row chunks against several column strips (m 100, n 801).
+/// Tails of every kind, and both products of a linear layer: dot products along k for
+/// short inputs (m <= 192), packed panels past that, with k split into chunks (1500)
+/// and tasks that walk several 48-row chunks against several column strips.
 #[test]
 fn linear_kernel_many_shapes() {
     use brume::kernels::matmul::linear_on;
     let dev = Device::Cpu;
     let mut rng = Rng::new(13);
-    for &(m, k, n) in &[(1, 1, 1), (1, 320, 1280), (5, 7, 3), (6, 16, 16), (77, 64, 64), (130, 96, 257), (49, 33, 40), (300, 320, 33), (100, 801, 70), (100, 300, 801)] {
+    for &(m, k, n) in &[(1, 1, 1), (1, 320, 1280), (5, 7, 3), (6, 16, 16), (77, 64, 64), (130, 96, 257), (49, 33, 40), (300, 320, 33), (100, 801, 70), (100, 300, 801), (600, 320, 70), (200, 1500, 70), (250, 300, 801)] {
         let a = rng.randn(&[m, k], &dev).unwrap();
         let w = rng.randn(&[n, k], &dev).unwrap();
         let want = a.matmul(&w.t().unwrap()).unwrap();

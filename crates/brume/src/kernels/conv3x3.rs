@@ -504,7 +504,7 @@ impl<S: Simd> FlatPanel for FloatPanel<'_, S> {
 unsafe fn row_avx512(img: &[f32], d: Dims, n: usize, y: usize, w: &[f32], blocks: std::ops::Range<usize>, buf: &mut Vec<f32>, dst: SharedMut) {
     // SAFETY: forwarded from the caller.
     unsafe {
-        if d.w % (WIDE * 16) == 0 {
+        if d.w.is_multiple_of(WIDE * 16) {
             output_row::<super::simd::Avx512, WIDE>(img, d, n, y, w, blocks, buf, dst)
         } else {
             output_row::<super::simd::Avx512, 2>(img, d, n, y, w, blocks, buf, dst)
