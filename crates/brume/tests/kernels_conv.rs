@@ -174,9 +174,9 @@ fn layer_dispatch_matches_plain_conv_in_both_modes() {
     }
 }
 
-/// Tails of every kind, and both products of a linear layer: dot products along k for
-/// short inputs (m <= 192), packed panels past that, with k split into chunks (1500)
-/// and tasks that walk several 48-row chunks against several column strips.
+/// Tails of every kind, short products (m <= 192: narrow blocks, k in chunks of 128 for
+/// k = 801) and long ones (k in chunks past 1280 for k = 1500), and tasks that walk
+/// several 48-row chunks against several column strips.
 #[test]
 fn linear_kernel_many_shapes() {
     use brume::kernels::matmul::linear_on;

@@ -120,15 +120,12 @@ pub(crate) fn gemm(isa: Isa, m: usize, n: usize, k: usize, a: &[f32], lda: usize
     if !check(m, n, k, a, lda, b, bl, dst)? {
         return Ok(());
     }
-    if let BLayout::NK { ld } = bl {
-        if m <= DOT_M_MAX {
-            dot_gemm(isa, m, n, k, a, lda, b, ld, dst);
-            return Ok(());
-        }
-    }
+    // Short products take the narrow block and small strips (see SHORT_M).
+    let short = m <= SHORT_M;
+    let panel_bytes = if short { SHORT_PANEL_BYTES } else { PANEL_BYTES };
     let nr = match isa {
-        Isa::Avx512 => WIDE * 16,
-        _ => 2 * 8,
+        Isa::Avx512 if !short => WIDE * 16,
+        _ => 2 * lanes(isa),
     };
     let split = Split::new(m, n, nr);
     let out = SharedMut(dst.as_mut_ptr());
@@ -145,10 +142,12 @@ pub(crate) fn gemm(isa: Isa, m: usize, n: usize, k: usize, a: &[f32], lda: usize
             unsafe {
                 match isa {
                     #[cfg(target_arch = "x86_64")]
-                    Isa::Avx512 => task_avx512(&p, rows, cols, &mut panel, out),
+                    Isa::Avx512 if !short => task_avx512::<WIDE>(&p, panel_bytes, rows, cols, &mut panel, out),
                     #[cfg(target_arch = "x86_64")]
-                    Isa::Avx2 => task_avx2(&p, rows, cols, &mut panel, out),
-                    _ => task::<Portable, 2>(&p, rows, cols, &mut panel, out),
+                    Isa::Avx512 => task_avx512::<2>(&p, panel_bytes, rows, cols, &mut panel, out),
+                    #[cfg(target_arch = "x86_64")]
+                    Isa::Avx2 => task_avx2(&p, panel_bytes, rows, cols, &mut panel, out),
+                    _ => task::<Portable, 2>(&p, panel_bytes, rows, cols, &mut panel, out),
                 }
             }
         });
@@ -156,118 +155,10 @@ pub(crate) fn gemm(isa: Isa, m: usize, n: usize, k: usize, a: &[f32], lda: usize
     Ok(())
 }
 
-/// Most rows of A for which an [n, k] right factor (a linear layer's weight) is
-/// multiplied by dot products along k instead of packed panels. Packing transposes
-/// the weight on every call, which a short A cannot repay: the text encoder's
-/// 77-token products. Alternated in one process on the Intel Xeon host (medians of
-/// 21), GFLOP/s panels / dots: m 77 x k 768 -> 768 50 / 87, 77 x 3072 -> 768 50 / 89,
-/// 77 x 768 -> 3072 90 / 116, 154 x 768 -> 768 78 / 95, 154 x 3072 -> 768 82 / 86,
-/// but 300 x 768 -> 768 113 / 91 and 4096 x 320 -> 320 153 / 78 (A no longer stays
-/// in L2 while the weight goes by).
-const DOT_M_MAX: usize = 192;
-/// Weight rows (output columns) per dot block: MR x DOT_NB vector sums in registers,
-/// each step along k loading MR + DOT_NB vectors for MR x DOT_NB FMAs.
-const DOT_NB: usize = 4;
-
-/// `dst [m, n] = A W^T` for A [m, k] (rows `lda` apart) and W [n, k] (rows `ldw`
-/// apart), both read along k where they lie: no packing. Tasks take runs of DOT_NB
-/// weight rows and walk every row block of A past each.
-#[allow(clippy::too_many_arguments)]
-fn dot_gemm(isa: Isa, m: usize, n: usize, k: usize, a: &[f32], lda: usize, w: &[f32], ldw: usize, dst: &mut [f32]) {
-    let groups = n.div_ceil(DOT_NB);
-    let per = groups.div_ceil(8 * rayon::current_num_threads()).max(1);
-    let out = SharedMut(dst.as_mut_ptr());
-    let p = Problem { m, n, k, a, lda, b: w, bl: BLayout::NK { ld: ldw } };
-    (0..groups.div_ceil(per)).into_par_iter().for_each(|t| {
-        let cols = t * per * DOT_NB..((t + 1) * per * DOT_NB).min(n);
-        // SAFETY: the task writes only dst columns `cols` of every row, disjoint from
-        // other tasks and inside dst (m x n, checked by the caller).
-        unsafe {
-            match isa {
-                #[cfg(target_arch = "x86_64")]
-                Isa::Avx512 => dot_task_avx512(&p, ldw, cols, out),
-                #[cfg(target_arch = "x86_64")]
-                Isa::Avx2 => dot_task_avx2(&p, ldw, cols, out),
-                _ => dot_task::<Portable>(&p, ldw, cols, out),
-            }
-        }
-    });
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,fma")]
-unsafe fn dot_task_avx512(p: &Problem, ldw: usize, cols: std::ops::Range<usize>, out: SharedMut) {
-    // SAFETY: forwarded from the caller.
-    unsafe { dot_task::<super::simd::Avx512>(p, ldw, cols, out) }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dot_task_avx2(p: &Problem, ldw: usize, cols: std::ops::Range<usize>, out: SharedMut) {
-    // SAFETY: forwarded from the caller.
-    unsafe { dot_task::<super::simd::Avx2>(p, ldw, cols, out) }
-}
-
-/// Output columns `cols` of every row, in blocks of MR rows x DOT_NB columns, each a
-/// set of vector sums along k reduced once at the end. k's tail (k % LANES) goes
-/// through zero-padded copies.
-///
-/// SAFETY: the CPU has `S`'s features; `out` points at the m x n output; A and W were
-/// bounds-checked for m x k and n x k.
-#[inline(always)]
-unsafe fn dot_task<S: Simd>(p: &Problem, ldw: usize, cols: std::ops::Range<usize>, out: SharedMut) {
-    let (m, k, l) = (p.m, p.k, S::LANES);
-    let body = k - k % l;
-    let mut j0 = cols.start;
-    while j0 < cols.end {
-        let live_j = DOT_NB.min(cols.end - j0);
-        // SAFETY: rows min(j0 + j, n - 1) < n of W, k long, were bounds-checked.
-        let wrows: [*const f32; DOT_NB] = std::array::from_fn(|j| unsafe { p.b.as_ptr().add((j0 + j).min(p.n - 1) * ldw) });
-        let mut wtail = [[0f32; 16]; DOT_NB];
-        for (j, t) in wtail.iter_mut().enumerate() {
-            // SAFETY: the tail of row j lies inside it.
-            unsafe { std::ptr::copy_nonoverlapping(wrows[j].add(body), t.as_mut_ptr(), k - body) };
-        }
-        let mut i0 = 0;
-        while i0 < m {
-            let live_i = MR.min(m - i0);
-            // SAFETY: rows min(i0 + i, m - 1) < m of A, k long, were bounds-checked.
-            let arows: [*const f32; MR] = std::array::from_fn(|i| unsafe { p.a.as_ptr().add((i0 + i).min(m - 1) * p.lda) });
-            // SAFETY: every load reads kk..kk + LANES <= body of a row, or a tail copy.
-            unsafe {
-                let mut acc = [[S::splat(0.0); DOT_NB]; MR];
-                let mut kk = 0;
-                while kk < body {
-                    let wv: [S::V; DOT_NB] = std::array::from_fn(|j| S::load(wrows[j].add(kk)));
-                    for i in 0..MR {
-                        let av = S::load(arows[i].add(kk));
-                        for j in 0..DOT_NB {
-                            acc[i][j] = S::fmadd(av, wv[j], acc[i][j]);
-                        }
-                    }
-                    kk += l;
-                }
-                if body < k {
-                    let wv: [S::V; DOT_NB] = std::array::from_fn(|j| S::load(wtail[j].as_ptr()));
-                    for i in 0..MR {
-                        let mut at = [0f32; 16];
-                        std::ptr::copy_nonoverlapping(arows[i].add(body), at.as_mut_ptr(), k - body);
-                        let av = S::load(at.as_ptr());
-                        for j in 0..DOT_NB {
-                            acc[i][j] = S::fmadd(av, wv[j], acc[i][j]);
-                        }
-                    }
-                }
-                for (i, row) in acc.iter().enumerate().take(live_i) {
-                    let dst = out.get().add((i0 + i) * p.n + j0);
-                    for (j, &v) in row.iter().enumerate().take(live_j) {
-                        *dst.add(j) = S::reduce_add(v);
-                    }
-                }
-            }
-            i0 += MR;
-        }
-        j0 += DOT_NB;
+fn lanes(isa: Isa) -> usize {
+    match isa {
+        Isa::Avx512 => 16,
+        _ => 8,
     }
 }
 
@@ -283,16 +174,16 @@ struct Problem<'a> {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,fma")]
-unsafe fn task_avx512(p: &Problem, rows: std::ops::Range<usize>, cols: std::ops::Range<usize>, panel: &mut Vec<f32>, out: SharedMut) {
+unsafe fn task_avx512<const NV: usize>(p: &Problem, panel_bytes: usize, rows: std::ops::Range<usize>, cols: std::ops::Range<usize>, panel: &mut Vec<f32>, out: SharedMut) {
     // SAFETY: forwarded from the caller.
-    unsafe { task::<super::simd::Avx512, WIDE>(p, rows, cols, panel, out) }
+    unsafe { task::<super::simd::Avx512, NV>(p, panel_bytes, rows, cols, panel, out) }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn task_avx2(p: &Problem, rows: std::ops::Range<usize>, cols: std::ops::Range<usize>, panel: &mut Vec<f32>, out: SharedMut) {
+unsafe fn task_avx2(p: &Problem, panel_bytes: usize, rows: std::ops::Range<usize>, cols: std::ops::Range<usize>, panel: &mut Vec<f32>, out: SharedMut) {
     // SAFETY: forwarded from the caller.
-    unsafe { task::<super::simd::Avx2, 2>(p, rows, cols, panel, out) }
+    unsafe { task::<super::simd::Avx2, 2>(p, panel_bytes, rows, cols, panel, out) }
 }
 
 /// Most bytes of one packed strip of B (KC x NV vectors): up to k = 1280 with 4
@@ -303,6 +194,15 @@ unsafe fn task_avx2(p: &Problem, rows: std::ops::Range<usize>, cols: std::ops::R
 /// on the Intel Xeon host, 7 SD 1.5 layer shapes, medians of 21, twice: 320 KiB was
 /// 1.00-1.32x the GFLOP/s of 16 KiB (64 KiB in between).
 const PANEL_BYTES: usize = 320 * 1024;
+/// Most rows of A that take 2-vector blocks and 16 KiB strips instead. Every task
+/// packs its strips of B per call (for a linear layer, a transpose of its weight),
+/// which a short A cannot repay over wide, deep strips: with them the text encoder's
+/// 77-token products ran slower (bench speed text-sd15, f32: 0.21-0.23 -> 0.28-0.31 s).
+/// Either way every output sums its k terms in the same order, so a product's rows
+/// do not depend on how many rows it has (a guided batch of 2 and its branches one at
+/// a time give the same picture).
+const SHORT_M: usize = 192;
+const SHORT_PANEL_BYTES: usize = 16 * 1024;
 /// Vectors of B's columns per register block with AVX-512: 6 rows x 4 vectors hold 24
 /// of its 32 registers, and each step of k feeds 24 FMAs from 4 loads and 6
 /// broadcasts where 6 x 2 fed 12 from 2 and 6. Alternated in one process on the
@@ -324,10 +224,10 @@ const MC: usize = 8 * MR;
 /// SAFETY: the CPU has `S`'s features; `out` points at the m x n output, of which
 /// this call writes only `rows` x `cols`; the slices in `p` were bounds-checked.
 #[inline(always)]
-unsafe fn task<S: Simd, const NV: usize>(p: &Problem, rows: std::ops::Range<usize>, cols: std::ops::Range<usize>, panel: &mut Vec<f32>, out: SharedMut) {
+unsafe fn task<S: Simd, const NV: usize>(p: &Problem, panel_bytes: usize, rows: std::ops::Range<usize>, cols: std::ops::Range<usize>, panel: &mut Vec<f32>, out: SharedMut) {
     let nr = NV * S::LANES;
     let k = p.k;
-    let chunks = k.div_ceil(PANEL_BYTES / 4 / nr);
+    let chunks = k.div_ceil(panel_bytes / 4 / nr);
     let kc_max = k.div_ceil(chunks);
     let strips = cols.len().div_ceil(nr);
     if panel.len() < strips * kc_max * nr {
