@@ -27,7 +27,7 @@ use std::cell::RefCell;
 use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
-use super::matmul::{load_block, store_block};
+use super::matmul::{load_block, store_block, store_wide};
 use super::simd::{Portable, Simd};
 use super::{isa, require, Isa, SharedMut};
 
@@ -145,16 +145,8 @@ pub fn scratch_bytes(batch: usize, channels: usize, h: usize, w: usize) -> usize
     if super::amx_for(candle_core::DType::F32) {
         return super::amx::conv3x3_input_bytes(batch, channels, h, w);
     }
-    let xb = 2 * lanes(isa());
+    let xb = 2 * isa().lanes();
     Flat::plan(batch, channels, h, w, xb).map_or(0, |f| f.bytes(batch, channels))
-}
-
-fn lanes(isa: Isa) -> usize {
-    match isa {
-        Isa::Avx512 => 16,
-        Isa::Avx2 => 8,
-        _ => Portable::LANES,
-    }
 }
 
 /// 3x3 / stride 1 / padding 1 convolution of `x` [b, c, h, w] with `w` [o, c, 3, 3]
@@ -384,7 +376,7 @@ pub(crate) fn run(isa: Isa, x: &[f32], d: Dims, weights: &[f32], out: &mut [f32]
         return Ok(());
     }
     let Dims { batch, in_ch: c, out_ch: o, h, w } = d;
-    if let Some(flat) = Flat::plan(batch, c, h, w, 2 * lanes(isa)) {
+    if let Some(flat) = Flat::plan(batch, c, h, w, 2 * isa.lanes()) {
         run_flat(isa, x, d, weights, out, flat);
         return Ok(());
     }
@@ -567,7 +559,6 @@ unsafe fn output_row<S: Simd, const NV: usize>(
     }
     let out_img = dst.get();
     let base = rows.as_ptr();
-    let mut tail = [0f32; 64];
     for blk in blocks {
         // The block's six weight rows; past the last channel, repeat it (computed, not stored).
         let wrows: [*const f32; OB] = std::array::from_fn(|j| {
@@ -582,26 +573,12 @@ unsafe fn output_row<S: Simd, const NV: usize>(
             // inside the row (x0 + NV * LANES <= wpad, kx <= 2, row width wpad + 2).
             unsafe { block::<S, NV>(&mut acc, base, 3 * sw, sw, c, &wrows, x0) };
             let count = xb.min(w - x0);
-            for (j, a) in acc.iter().enumerate() {
-                let oc = blk * OB + j;
-                if oc >= o {
-                    break;
-                }
-                // SAFETY: image n, channel oc < o, row y < h, columns x0..x0 + count <= w:
-                // inside the [b, o, h, w] output.
-                unsafe {
-                    let p = out_img.add(((n * o + oc) * h + y) * w + x0);
-                    if count == xb {
-                        for (v, &x) in a.iter().enumerate() {
-                            S::store(p.add(v * S::LANES), x);
-                        }
-                    } else {
-                        for (v, &x) in a.iter().enumerate() {
-                            S::store(tail.as_mut_ptr().add(v * S::LANES), x);
-                        }
-                        std::ptr::copy_nonoverlapping(tail.as_ptr(), p, count);
-                    }
-                }
+            // The block's channels are planes h * w apart in the output.
+            // SAFETY: image n, channels blk * OB.. < o, row y < h, columns x0..x0 + count
+            // <= w: inside the [b, o, h, w] output.
+            unsafe {
+                let at = out_img.add(((n * o + blk * OB) * h + y) * w + x0);
+                store_wide::<S, NV>(&acc, at, h * w, OB.min(o - blk * OB), count);
             }
             x0 += xb;
         }

@@ -125,7 +125,7 @@ pub(crate) fn gemm(isa: Isa, m: usize, n: usize, k: usize, a: &[f32], lda: usize
     let panel_bytes = if short { SHORT_PANEL_BYTES } else { PANEL_BYTES };
     let nr = match isa {
         Isa::Avx512 if !short => WIDE * 16,
-        _ => 2 * lanes(isa),
+        _ => 2 * isa.lanes(),
     };
     let split = Split::new(m, n, nr);
     let out = SharedMut(dst.as_mut_ptr());
@@ -153,13 +153,6 @@ pub(crate) fn gemm(isa: Isa, m: usize, n: usize, k: usize, a: &[f32], lda: usize
         });
     });
     Ok(())
-}
-
-fn lanes(isa: Isa) -> usize {
-    match isa {
-        Isa::Avx512 => 16,
-        _ => 8,
-    }
 }
 
 struct Problem<'a> {
@@ -282,7 +275,7 @@ unsafe fn task<S: Simd, const NV: usize>(p: &Problem, panel_bytes: usize, rows: 
                     let live = MR.min(chunk_end - i0);
                     // SAFETY: rows i0..i0 + live < m and columns j0..j0 + w <= n lie in the output.
                     let at = unsafe { out.get().add(i0 * p.n + j0) };
-                    // SAFETY: as above; the strip holds kc rows of 2 vectors, each A row pointer kc floats.
+                    // SAFETY: as above; the strip holds kc rows of NV vectors, each A row pointer kc floats.
                     unsafe {
                         let mut acc = if k0 > 0 { load_wide::<S, NV>(at, p.n, live, w) } else { [[S::splat(0.0); NV]; MR] };
                         block::<S, NV>(&mut acc, &arows, strip, kc);
@@ -338,7 +331,7 @@ pub(super) unsafe fn store_block<S: Simd>(acc: &[[S::V; 2]; MR], at: *mut f32, l
 
 /// [`store_block`] for blocks of NV vectors (NV * LANES <= 64).
 #[inline(always)]
-unsafe fn store_wide<S: Simd, const NV: usize>(acc: &[[S::V; NV]; MR], at: *mut f32, ld: usize, live: usize, w: usize) {
+pub(super) unsafe fn store_wide<S: Simd, const NV: usize>(acc: &[[S::V; NV]; MR], at: *mut f32, ld: usize, live: usize, w: usize) {
     unsafe {
         for (i, a) in acc.iter().enumerate().take(live) {
             let row = at.add(i * ld);
@@ -412,6 +405,3 @@ pub fn linear_on(isa: Isa, a: &Tensor, w: &Tensor) -> Result<Tensor> {
 pub fn linear(a: &Tensor, w: &Tensor) -> Result<Tensor> {
     linear_on(isa(), a, w)
 }
-
-
-

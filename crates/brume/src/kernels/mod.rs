@@ -225,6 +225,16 @@ impl Isa {
         [Self::Avx512, Self::Avx2, Self::Portable].into_iter().filter(|i| i.supported()).collect()
     }
 
+    /// f32 lanes per vector on this instruction set.
+    pub(crate) fn lanes(self) -> usize {
+        use simd::Simd;
+        match self {
+            Self::Avx512 => 16,
+            Self::Avx2 => 8,
+            Self::Portable => simd::Portable::LANES,
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Self::Avx512 => "avx512",

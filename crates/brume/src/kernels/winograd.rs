@@ -105,10 +105,11 @@ fn u_bytes(c: usize, o: usize) -> usize {
     16 * c * o * 4
 }
 
-/// Bytes a Winograd call for `d` allocates beyond its output (0 when the direct kernel
-/// runs it): the transformed kernel, and one chunk's transformed input and products.
-pub(crate) fn scratch_bytes(d: Dims) -> usize {
-    plan(d).map_or(0, |p| u_bytes(d.in_ch, d.out_ch) + 16 * 4 * (d.in_ch + d.out_ch) * p.tiles())
+/// Bytes a Winograd call for `d` allocates beyond its output (the transformed kernel,
+/// and one chunk's transformed input and products); `None` when the layers run `d` on
+/// the direct kernel.
+pub(crate) fn scratch_bytes(d: Dims) -> Option<usize> {
+    plan(d).map(|p| u_bytes(d.in_ch, d.out_ch) + 16 * 4 * (d.in_ch + d.out_ch) * p.tiles())
 }
 
 /// 3x3 / stride 1 / padding 1 convolution of `x` [b, c, h, w] with `w` [o, c, 3, 3]

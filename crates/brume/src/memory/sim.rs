@@ -86,8 +86,8 @@ impl Sim {
     /// The scratch of a 3x3, stride-1 convolution from `c` to `o` channels over `m`.
     fn conv3(&self, c: u64, o: u64, m: Map) -> u64 {
         let d = crate::kernels::conv3x3::Dims { batch: m.b as usize, in_ch: c as usize, out_ch: o as usize, h: m.h as usize, w: m.w as usize };
-        if self.kernels.winograd && crate::kernels::winograd::plan(d).is_some() {
-            crate::kernels::winograd::scratch_bytes(d) as u64
+        if let Some(bytes) = self.kernels.winograd.then(|| crate::kernels::winograd::scratch_bytes(d)).flatten() {
+            bytes as u64
         } else if self.kernels.direct_conv {
             // Narrow maps run on a zero-bordered copy of the input (the flat layout).
             crate::kernels::conv3x3::scratch_bytes(m.b as usize, c as usize, m.h as usize, m.w as usize) as u64
