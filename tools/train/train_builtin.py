@@ -647,12 +647,13 @@ def stage_text(a, budget, D):
     eot = D["tokenizer"].eos_token_id
     first_eot = (tokens == eot).int().argmax(1)
     after = torch.arange(tokens.shape[1])[None, :] >= first_eot[:, None]  # positions that saw the whole caption
-    noun, noun_y, noun_vocab = noun_labels(D["specs"][:len(tokens)], tokens, D["tokenizer"])
-    noun_heads = torch.nn.ModuleList([torch.nn.Linear(a.text_hidden, len(v)) for v in noun_vocab])
     n = len(tokens)
     val = torch.arange(n - min(1000, n // 10), n)
     params = list(te.parameters()) + list(heads.parameters())
-    if a.text_noun_weight > 0:
+    nouns = a.text_noun_weight > 0
+    if nouns:
+        noun, noun_y, noun_vocab = noun_labels(D["specs"][:n], tokens, D["tokenizer"])
+        noun_heads = torch.nn.ModuleList([torch.nn.Linear(a.text_hidden, len(v)) for v in noun_vocab])
         params += list(noun_heads.parameters())
     opt = torch.optim.AdamW(params, lr=a.text_lr, betas=(0.9, 0.99), weight_decay=0.01, fused=True)
     deadline = budget.deadline("text") - 5
@@ -672,7 +673,7 @@ def stage_text(a, budget, D):
             losses.append(F.cross_entropy(logit, t))
             accs.append((logit.argmax(1) == t).float().mean())
         loss = torch.stack(losses).mean()
-        if a.text_noun_weight > 0:
+        if nouns:
             at = noun[idx]
             hn, tn = h[at], noun_y[idx][at]
             nl = []
@@ -704,7 +705,7 @@ def stage_text(a, budget, D):
     with torch.no_grad():
         _, vacc = forward(val)
     names = ["background_colour", "background_kind", "colour_1", "shape_1", "size_1", "colour_2", "shape_2",
-             "size_2", "position", "relation"] + (["noun_colour", "noun_shape", "noun_size"] if a.text_noun_weight > 0 else [])
+             "size_2", "position", "relation"] + (["noun_colour", "noun_shape", "noun_size"] if nouns else [])
     acc = {k: round(float(v), 4) for k, v in zip(names, vacc)}
     log(f"text: {step} steps x {bs}; held-out caption accuracy per field {acc}")
     te.train()
@@ -912,6 +913,19 @@ def stage_unet(a, budget, D, lat_mean, lat_std, sf, work, te):
         procs, store = start_ranks(a, work, unet, shared)
         torch.set_num_threads(1)
     deadline = budget.deadline("unet") - a.unet_reserve
+
+    def with_ranks(collective, step):
+        """Runs one collective with the helper ranks; the rank count to go on with (1 once they are lost: a lost
+        helper must not lose the run)."""
+        try:
+            collective()
+            return a.ranks
+        except Exception as e:  # noqa: BLE001 - any failure of the process group
+            log(f"unet: data-parallel ranks failed at step {step} ({type(e).__name__}: {e}); continuing alone")
+            stop_ranks(procs, store, ok=False)
+            torch.set_num_threads(a.threads)
+            return 1
+
     start = last = time.time()
     step, hist = 0, []
     while stage_running(start, deadline, step, a.unet_steps):
@@ -922,13 +936,7 @@ def stage_unet(a, budget, D, lat_mean, lat_std, sf, work, te):
         if ranks > 1:
             import torch.distributed as dist
 
-            try:
-                dist.broadcast(torch.tensor([1.0, lr], dtype=torch.float64), 0)
-            except Exception as e:  # noqa: BLE001 - a lost helper rank must not lose the run
-                log(f"unet: data-parallel ranks failed at step {step} ({type(e).__name__}: {e}); continuing alone")
-                stop_ranks(procs, store, ok=False)
-                ranks = 1
-                torch.set_num_threads(a.threads)
+            ranks = with_ranks(lambda: dist.broadcast(torch.tensor([1.0, lr], dtype=torch.float64), 0), step)
         zt, t, noise, abar, cond = unet_batch(a, ac, g, bs // ranks, lat_mean, lat_std, sf, hidden, hidden_empty,
                                               tokens, empty)
         h = cond if frozen else te(cond).last_hidden_state
@@ -936,13 +944,8 @@ def stage_unet(a, budget, D, lat_mean, lat_std, sf, work, te):
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if ranks > 1:
-            try:
-                average_grads(params, ranks)
-            except Exception as e:  # noqa: BLE001 - as above; this step keeps rank 0's own gradient
-                log(f"unet: data-parallel ranks failed at step {step} ({type(e).__name__}: {e}); continuing alone")
-                stop_ranks(procs, store, ok=False)
-                ranks = 1
-                torch.set_num_threads(a.threads)
+            # On failure this step keeps rank 0's own gradient.
+            ranks = with_ranks(lambda: average_grads(params, ranks), step)
         gn = torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         ema.update()
