@@ -249,12 +249,13 @@ unsafe fn task<S: Simd, const NV: usize>(p: &Problem, panel_bytes: usize, rows: 
                     if w < nr {
                         panel.fill(0.0);
                     }
-                    for j in 0..w {
-                        let at = (j0 + j) * ld + k0;
-                        for (kk, &v) in p.b[at..at + kc].iter().enumerate() {
-                            panel[kk * nr + j] = v;
-                        }
-                    }
+                    // B's rows j0.. of [n, k] (w of them, kc values each from k0)
+                    // become the strip's columns.
+                    let last = (j0 + w - 1) * ld + k0 + kc;
+                    assert!(last <= p.b.len() && panel.len() >= kc * nr);
+                    // SAFETY: the source rows end at `last` <= b.len() and the strip
+                    // holds kc rows of nr >= w floats (both asserted); they are distinct buffers.
+                    unsafe { S::transpose(p.b.as_ptr().add(j0 * ld + k0), ld, w, kc, panel.as_mut_ptr(), nr) };
                 }
             }
         }

@@ -41,11 +41,36 @@ pub(crate) trait Simd: Copy {
     unsafe fn exp2(x: Self::V) -> Self::V;
     unsafe fn reduce_add(v: Self::V) -> f32;
 
+    /// `dst[c * ldd + r] = src[r * ld + c]` for r < rows, c < cols: packing a linear
+    /// layer's [n, k] weight into a GEMM strip. One element at a time here; AVX-512
+    /// moves 16 x 16 tiles through registers (the compiler made this loop a scatter,
+    /// ~10 % of a 4096 x 320 x 320 product).
+    ///
+    /// SAFETY: `src` holds `rows` rows of `cols` floats `ld` apart, `dst` `cols` rows
+    /// of `rows` floats `ldd` apart, and they do not overlap.
+    #[inline(always)]
+    unsafe fn transpose(src: *const f32, ld: usize, rows: usize, cols: usize, dst: *mut f32, ldd: usize) {
+        unsafe { transpose_scalar(src, ld, 0, rows, 0, cols, dst, ldd) }
+    }
+
     /// x * sigmoid(x) = x / (1 + e^-x).
     #[inline(always)]
     unsafe fn silu(x: Self::V) -> Self::V {
         let e = Self::exp2(Self::mul(x, Self::splat(-std::f32::consts::LOG2_E)));
         Self::div(x, Self::add(Self::splat(1.0), e))
+    }
+}
+
+/// [`Simd::transpose`] of rows r0..r1 x columns c0..c1, one element at a time.
+///
+/// SAFETY: as [`Simd::transpose`], for those rows and columns.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn transpose_scalar(src: *const f32, ld: usize, r0: usize, r1: usize, c0: usize, c1: usize, dst: *mut f32, ldd: usize) {
+    for r in r0..r1 {
+        for c in c0..c1 {
+            unsafe { *dst.add(c * ldd + r) = *src.add(r * ld + c) };
+        }
     }
 }
 
@@ -68,7 +93,41 @@ pub(crate) use x86::{Avx2, Avx512};
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::{exp2_poly, Simd, EXP2_MAX, EXP2_MIN};
+    use super::{exp2_poly, transpose_scalar, Simd, EXP2_MAX, EXP2_MIN};
+
+    /// One 16 x 16 tile: `dst[c * ldd + r] = src[r * ld + c]`, in 16 loads, 64
+    /// shuffles and 16 stores (32-bit, then 64-bit interleaves within 128-bit lanes,
+    /// then two rounds of 128-bit lane selection).
+    ///
+    /// SAFETY: the CPU has AVX-512F; both tiles lie in their buffers.
+    #[inline(always)]
+    unsafe fn transpose16(src: *const f32, ld: usize, dst: *mut f32, ldd: usize) {
+        unsafe {
+            let r: [__m512; 16] = std::array::from_fn(|i| _mm512_loadu_ps(src.add(i * ld)));
+            // t[2i], t[2i + 1]: rows 2i and 2i + 1 interleaved (elements 0-1, 2-3 of each lane).
+            let t: [__m512; 16] = std::array::from_fn(|i| {
+                let (a, b) = (r[i & !1], r[i | 1]);
+                if i % 2 == 0 { _mm512_unpacklo_ps(a, b) } else { _mm512_unpackhi_ps(a, b) }
+            });
+            // u[4g + e]: column 4L + e of rows 4g..4g + 4, in lane L.
+            let u: [__m512; 16] = std::array::from_fn(|i| {
+                let (g, e) = (i / 4, i % 4);
+                let (a, b) = (_mm512_castps_pd(t[4 * g + e / 2]), _mm512_castps_pd(t[4 * g + 2 + e / 2]));
+                _mm512_castpd_ps(if e % 2 == 0 { _mm512_unpacklo_pd(a, b) } else { _mm512_unpackhi_pd(a, b) })
+            });
+            for e in 0..4 {
+                // Lanes 0, 2 (0x88) and 1, 3 (0xDD) of row groups 0 and 1, then 2 and 3.
+                let v1 = _mm512_shuffle_f32x4::<0x88>(u[e], u[4 + e]);
+                let v2 = _mm512_shuffle_f32x4::<0xDD>(u[e], u[4 + e]);
+                let w1 = _mm512_shuffle_f32x4::<0x88>(u[8 + e], u[12 + e]);
+                let w2 = _mm512_shuffle_f32x4::<0xDD>(u[8 + e], u[12 + e]);
+                _mm512_storeu_ps(dst.add(e * ldd), _mm512_shuffle_f32x4::<0x88>(v1, w1));
+                _mm512_storeu_ps(dst.add((4 + e) * ldd), _mm512_shuffle_f32x4::<0x88>(v2, w2));
+                _mm512_storeu_ps(dst.add((8 + e) * ldd), _mm512_shuffle_f32x4::<0xDD>(v1, w1));
+                _mm512_storeu_ps(dst.add((12 + e) * ldd), _mm512_shuffle_f32x4::<0xDD>(v2, w2));
+            }
+        }
+    }
 
     #[derive(Clone, Copy)]
     pub(crate) struct Avx512;
@@ -124,6 +183,19 @@ mod x86 {
         #[inline(always)]
         unsafe fn reduce_add(v: __m512) -> f32 {
             _mm512_reduce_add_ps(v)
+        }
+        #[inline(always)]
+        unsafe fn transpose(src: *const f32, ld: usize, rows: usize, cols: usize, dst: *mut f32, ldd: usize) {
+            let (rt, ct) = (rows / 16 * 16, cols / 16 * 16);
+            unsafe {
+                for r in (0..rt).step_by(16) {
+                    for c in (0..ct).step_by(16) {
+                        transpose16(src.add(r * ld + c), ld, dst.add(c * ldd + r), ldd);
+                    }
+                }
+                transpose_scalar(src, ld, 0, rt, ct, cols, dst, ldd);
+                transpose_scalar(src, ld, rt, rows, 0, cols, dst, ldd);
+            }
         }
     }
 
