@@ -164,10 +164,8 @@ def main():
             y = vae.decode(z).sample.float()
         l1 = (y - x).abs().mean()
         l2 = (y - x).pow(2).mean()
-        edge = ((y[..., :, 1:] - y[..., :, :-1]) - (x[..., :, 1:] - x[..., :, :-1])).abs().mean() + \
-               ((y[..., 1:, :] - y[..., :-1, :]) - (x[..., 1:, :] - x[..., :-1, :])).abs().mean()
-        cells = torch.nn.functional.avg_pool2d((y - x).pow(2).mean(1, keepdim=True), 8).flatten()
-        hard = cells.topk(max(1, int(cells.numel() * a.hard_frac))).values.mean()
+        edge = tb.edge_l1(y, x)
+        hard = tb.hard_patches(y, x, a.hard_frac)
         loss = l1 + l2 + a.edge * edge + a.hard_weight * hard
         opt.zero_grad(set_to_none=True)
         loss.backward()
