@@ -367,24 +367,35 @@ def to_tensor(u8):
 # judge (brume-world's prompt-adherence check)
 
 
-def judge_images(exe, images, captions, out_dir):
-    """images: float [-1,1] NCHW or uint8 NHWC. Saves PNGs, runs `brume-world judge`; returns
-    (all-correct fraction, mean attribute score, per-attribute accuracy over the prompts that state it)."""
+def judge_verdicts(exe, images, captions, out_dir):
+    """images: float [-1,1] NCHW or uint8 NHWC. Saves PNGs, runs `brume-world judge`; returns its verdict per image."""
     out_dir.mkdir(parents=True, exist_ok=True)
     if isinstance(images, torch.Tensor):
         images = ((images.clamp(-1, 1) + 1) * 127.5).round().byte().permute(0, 2, 3, 1).numpy()
-    ok, score, attrs = 0, 0.0, {}
+    verdicts = []
     for i, (im, c) in enumerate(zip(images, captions)):
         p = out_dir / f"{i:03d}.png"
         Image.fromarray(im).save(p)
         r = subprocess.run([exe, "judge", "--image", str(p), "--caption", c], capture_output=True, text=True)
-        v = json.loads(r.stdout)
+        verdicts.append(json.loads(r.stdout))
+    return verdicts
+
+
+def summarise_verdicts(verdicts):
+    """(all-correct fraction, mean attribute score, per-attribute accuracy over the prompts that state it)."""
+    ok, score, attrs = 0, 0.0, {}
+    for v in verdicts:
         ok += bool(v["all_correct"])
         score += float(v["score"])
         for k, x in v["attributes"].items():
             attrs.setdefault(k.split("_", 1)[1], []).append(bool(x))
-    n = max(1, len(captions))
+    n = max(1, len(verdicts))
     return ok / n, score / n, {k: round(sum(x) / len(x), 3) for k, x in sorted(attrs.items())}
+
+
+def judge_images(exe, images, captions, out_dir):
+    """judge_verdicts, summarised (see summarise_verdicts)."""
+    return summarise_verdicts(judge_verdicts(exe, images, captions, out_dir))
 
 
 def grid(images, path, cols=8):

@@ -33,7 +33,6 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see train_builtin.py
 
 import numpy as np
 import torch
-from PIL import Image
 from safetensors import safe_open
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -65,39 +64,22 @@ def load_heldout(exe, data, n):
     return np.stack([tb.load_png(d / f"{i:04d}.png") for i in range(n)]), [r["caption"] for r in recs]
 
 
-def reconstruct(vae, images, bs=50):
-    with torch.no_grad():
-        return torch.cat([vae.decode(vae.encode(tb.to_tensor(images[i:i + bs])).latent_dist.mode()).sample.clamp(-1, 1)
-                          for i in range(0, len(images), bs)])
-
-
 def assess(vae, exe, ho, captions, work, tag):
     """PSNR over the held-out renders, the judge's per-attribute accuracy on their reconstructions, and the shape
     accuracy per stated object size."""
-    vae.eval()
-    y = reconstruct(vae, ho)
-    x = tb.to_tensor(ho)
-    psnr = float((10 * torch.log10(1 / ((y - x) / 2).pow(2).mean((1, 2, 3)).clamp_min(1e-10))).mean())
-    d = work / tag
-    d.mkdir(parents=True, exist_ok=True)
-    u8 = ((y + 1) * 127.5).round().byte().permute(0, 2, 3, 1).numpy()
-    attrs, tot, bad = {}, Counter(), Counter()
-    for i, (im, c) in enumerate(zip(u8, captions)):
-        p = d / f"{i:03d}.png"
-        Image.fromarray(im).save(p)
-        v = json.loads(subprocess.run([exe, "judge", "--image", str(p), "--caption", c], capture_output=True, text=True).stdout)
-        for k, ok in v["attributes"].items():
-            attrs.setdefault(k.split("_", 1)[1], []).append(bool(ok))
+    psnr, y = tb.vae_psnr(vae, ho)
+    verdicts = tb.judge_verdicts(exe, y, captions, work / tag)
+    _, _, acc = tb.summarise_verdicts(verdicts)
+    tot, bad = Counter(), Counter()
+    for v, c in zip(verdicts, captions):
         stated = re.findall(r"(?:(small|little|tiny|large|big) )?(?:\w+ )?(?:" + SHAPES + r")\b", c)
         sizes = [SIZE_WORDS.get(s, "unstated") for s in stated]
         for j, k in enumerate(sorted(k for k in v["attributes"] if k.endswith("_shape"))):
             size = sizes[j] if j < len(sizes) else "unstated"
             tot[size] += 1
             bad[size] += not v["attributes"][k]
-    acc = {k: round(sum(x) / len(x), 3) for k, x in sorted(attrs.items())}
     by_size = {k: round(1 - bad[k] / tot[k], 3) for k in sorted(tot)}
     tb.log(f"{tag}: held-out PSNR {psnr:.2f} dB; judge on reconstructions {acc}; shape by stated size {by_size}")
-    vae.train()
     return dict(psnr_db=round(psnr, 2), judge=acc, shape_by_size=by_size)
 
 
