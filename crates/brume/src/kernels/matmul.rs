@@ -1,14 +1,15 @@
 //! f32 matrix product for the layers' shapes: linear layers (`x W^T`) and 1x1
 //! convolutions (`W x`), the other half of a UNet's FLOPs after the 3x3 convs.
 //!
-//! A block of 6 rows of A x 2 vectors of columns of B stays in registers for the
-//! whole reduction: per step, two loads of B and six broadcasts of A feed 12 FMAs,
-//! the same arithmetic-bound inner loop as the direct 3x3 conv. B is read through a
-//! small per-thread panel (its k x 2-vector column strip, packed contiguously and
+//! A block of 6 rows of A x 4 vectors of columns of B (2 for AVX2, the portable
+//! path and short products, see `SHORT_M`) stays in registers for a chunk of the
+//! reduction: per step, four loads of B and six broadcasts of A feed 24 FMAs, the
+//! same arithmetic-bound inner loop as the direct 3x3 conv. B is read through a
+//! per-thread panel (its k x NV-vector column strips, packed contiguously and
 //! zero-padded past n), which serves both of B's layouts — [k, n] for a conv's
-//! activations, [n, k] for a linear layer's weight as stored — and costs about 1%
-//! of the products it feeds. Nothing the size of a weight is copied, so a mapped or
-//! expanded weight is used where it lies and private memory does not grow.
+//! activations (a copy), [n, k] for a linear layer's weight as stored (a transpose,
+//! in 16 x 16 register tiles on AVX-512). Nothing the size of a weight is copied, so
+//! a mapped or expanded weight is used where it lies and private memory does not grow.
 
 use std::cell::RefCell;
 
