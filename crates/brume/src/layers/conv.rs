@@ -1,5 +1,6 @@
 use candle_core::{Result, Tensor};
 
+use super::epilogue::{Epilogue, Fuse, FusedAct, Held};
 use super::mapped;
 use super::Param;
 use crate::error::LoadError;
@@ -44,19 +45,61 @@ impl Conv2d {
     }
 
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.forward_with(x, Fuse::default())
+    }
+
+    /// Whether `fuse`'s offset is [b, o] and its residual the output's shape.
+    fn fits(&self, x: &Tensor, fuse: &Fuse) -> Result<bool> {
+        let (b, _, h, w) = x.dims4()?;
+        let o = match &self.weight {
+            Param::Dense(t) => t.dim(0)?,
+            Param::Mapped(m) => m.shape()[0],
+            Param::Packed(p) => p.shape()[0],
+        };
+        let Conv2dConfig { kernel: k, stride: s, padding: p } = self.cfg;
+        if s == 0 || h + 2 * p < k || w + 2 * p < k {
+            return Ok(false);
+        }
+        let out = [b, o, (h + 2 * p - k) / s + 1, (w + 2 * p - k) / s + 1];
+        Ok(fuse.offset.is_none_or(|t| t.dims() == [b, o]) && fuse.residual.is_none_or(|t| t.dims() == out))
+    }
+
+    /// The conv, then `fuse`'s per-image offset, residual and activation. Where our
+    /// CPU kernels run the conv, the bias and these are applied in place to its
+    /// output ([`super::epilogue`]): no intermediate maps, the same values.
+    pub fn forward_with(&self, x: &Tensor, fuse: Fuse) -> Result<Tensor> {
+        let (bias, offset, residual) = (Held::new(self.bias.as_ref()), Held::new(fuse.offset), Held::new(fuse.residual));
+        let act = match fuse.act {
+            Some(a) => FusedAct::of(a).map(Some).ok_or(()),
+            None => Ok(None),
+        };
+        // `--kernels reference` keeps the plain ops, one after another; so do an offset
+        // or residual that would broadcast (the epilogue takes exact shapes only).
+        let fused = crate::kernels::mode() == crate::kernels::KernelMode::Fast && self.fits(x, &fuse)?;
+        if let (true, Ok(bias), Ok(offset), Ok(residual), Ok(act)) = (fused, bias.f32(), offset.f32(), residual.f32(), act) {
+            let epilogue = Epilogue { bias, offset, residual, act };
+            if let Some(y) = mapped::conv2d_param(x, &self.weight, self.cfg.stride, self.cfg.padding, !self.exact, epilogue)? {
+                return Ok(y);
+            }
+        }
+        drop((bias, offset, residual));
         let y = match &self.weight {
+            // Our kernels without the epilogue (a bias or residual that is not a
+            // contiguous f32 CPU tensor, an activation it does not compute) ...
             Param::Mapped(m) if x.dtype() == candle_core::DType::F32 => mapped::conv2d(x, m, self.cfg.stride, self.cfg.padding, !self.exact)?,
-            Param::Mapped(m) => x.conv2d(&m.to_tensor(x.device())?, self.cfg.padding, self.cfg.stride, 1, 1)?,
             Param::Packed(p) if x.dtype() == candle_core::DType::F32 => mapped::conv2d_packed(x, p, self.cfg.stride, self.cfg.padding, !self.exact)?,
-            Param::Packed(p) => x.conv2d(&p.to_tensor(x.device())?.to_dtype(x.dtype())?, self.cfg.padding, self.cfg.stride, 1, 1)?,
             Param::Dense(t) if crate::kernels::use_fast(x) && t.dtype() == x.dtype() && matches!(t.device(), candle_core::Device::Cpu) => {
                 mapped::conv2d_dense(x, t, self.cfg.stride, self.cfg.padding, !self.exact)?
             }
+            // ... or candle's (other dtypes and devices, `--kernels reference`).
+            Param::Mapped(m) => x.conv2d(&m.to_tensor(x.device())?, self.cfg.padding, self.cfg.stride, 1, 1)?,
+            Param::Packed(p) => x.conv2d(&p.to_tensor(x.device())?.to_dtype(x.dtype())?, self.cfg.padding, self.cfg.stride, 1, 1)?,
             Param::Dense(t) => x.conv2d(t, self.cfg.padding, self.cfg.stride, 1, 1)?,
         };
-        match &self.bias {
-            Some(b) => y.broadcast_add(&b.reshape((1, b.dim(0)?, 1, 1))?),
-            None => Ok(y),
-        }
+        let y = match &self.bias {
+            Some(b) => y.broadcast_add(&b.reshape((1, b.dim(0)?, 1, 1))?)?,
+            None => y,
+        };
+        fuse.apply_unfused(y)
     }
 }

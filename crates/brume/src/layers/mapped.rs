@@ -14,6 +14,7 @@ use gemm::{gemm, Parallelism};
 
 use crate::loading::safetensors::{SafetensorsFile, StoredDType};
 use crate::loading::StoredTensor;
+use super::epilogue::Epilogue;
 use super::packed::EXPAND_BLOCK_VALUES;
 
 /// An f32 matrix or kernel inside a mapped file, aligned for direct use.
@@ -344,6 +345,8 @@ struct ConvOp<'a> {
     /// Whether bf16 compute may round this convolution's factors ([`super::Conv2d`]
     /// keeps a network's first and last in f32).
     bf16: bool,
+    /// Bias, offset, residual and activation, applied to the output in place.
+    epilogue: Epilogue<'a>,
 }
 
 impl CustomOp1 for ConvOp<'_> {
@@ -370,11 +373,13 @@ impl CustomOp1 for ConvOp<'_> {
         let mut dst = vec![0f32; b * o * hw];
         if let (View::Mapped(m), true) = (self.w, self.bf16 && crate::kernels::bf16_copies_for(candle_core::DType::F32)) {
             if conv_bf16_cached(x, geom, m, o, &mut dst)? {
+                self.epilogue.apply(&mut dst, o, hw)?;
                 return Ok((CpuStorage::F32(dst), Shape::from((b, o, ho, wo))));
             }
         }
         let mut cols = Vec::new();
         by_blocks(&self.w, self.block, hw, &mut dst, |ob, w, out| conv_into(x, geom, ob, w, self.bf16, &mut cols, out))?;
+        self.epilogue.apply(&mut dst, o, hw)?;
         Ok((CpuStorage::F32(dst), Shape::from((b, o, ho, wo))))
     }
 }
@@ -536,12 +541,39 @@ fn im2col(img: &[f32], c: usize, h: usize, w: usize, kh: usize, kw: usize, s: us
 
 /// `bf16`: whether bf16 compute may round the factors (see [`super::Conv2d`]).
 pub fn conv2d(x: &Tensor, w: &MappedF32, stride: usize, padding: usize, bf16: bool) -> Result<Tensor> {
-    x.contiguous()?.apply_op1_no_bwd(&ConvOp { w: View::Mapped(w), stride, padding, block: EXPAND_BLOCK_VALUES, bf16 })
+    conv_view(x, View::Mapped(w), stride, padding, EXPAND_BLOCK_VALUES, bf16, Epilogue::default())
 }
 
 /// 2-D convolution with a packed kernel, expanded for the call.
 pub fn conv2d_packed(x: &Tensor, w: &super::packed::PackedWeight, stride: usize, padding: usize, bf16: bool) -> Result<Tensor> {
-    x.contiguous()?.apply_op1_no_bwd(&ConvOp { w: View::Packed(w), stride, padding, block: EXPAND_BLOCK_VALUES, bf16 })
+    conv_view(x, View::Packed(w), stride, padding, EXPAND_BLOCK_VALUES, bf16, Epilogue::default())
+}
+
+/// A conv layer's f32 CPU call with its epilogue: `None` when the weight has no such
+/// path for `x` (another dtype or device), and the layer runs candle's ops.
+pub(crate) fn conv2d_param(
+    x: &Tensor,
+    w: &super::Param,
+    stride: usize,
+    padding: usize,
+    bf16: bool,
+    epilogue: Epilogue,
+) -> Result<Option<Tensor>> {
+    use super::Param;
+    let f32_input = x.dtype() == candle_core::DType::F32;
+    match w {
+        Param::Mapped(m) if f32_input => conv_view(x, View::Mapped(m), stride, padding, EXPAND_BLOCK_VALUES, bf16, epilogue).map(Some),
+        Param::Packed(p) if f32_input => conv_view(x, View::Packed(p), stride, padding, EXPAND_BLOCK_VALUES, bf16, epilogue).map(Some),
+        Param::Dense(t) if crate::kernels::use_fast(x) && t.dtype() == x.dtype() && matches!(t.device(), candle_core::Device::Cpu) => {
+            conv_dense(x, t, stride, padding, bf16, epilogue).map(Some)
+        }
+        _ => Ok(None),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn conv_view(x: &Tensor, w: View, stride: usize, padding: usize, block: usize, bf16: bool, epilogue: Epilogue) -> Result<Tensor> {
+    x.contiguous()?.apply_op1_no_bwd(&ConvOp { w, stride, padding, block, bf16, epilogue })
 }
 
 /// [`linear_packed`] expanding at most `block` values at a time (tests of the split path).
@@ -559,7 +591,7 @@ pub(crate) fn conv2d_packed_in_blocks(
     padding: usize,
     block: usize,
 ) -> Result<Tensor> {
-    x.contiguous()?.apply_op1_no_bwd(&ConvOp { w: View::Packed(w), stride, padding, block, bf16: true })
+    conv_view(x, View::Packed(w), stride, padding, block, true, Epilogue::default())
 }
 
 /// 2-D convolution with a dense f32 CPU kernel, through the same im2col + GEMM
@@ -568,13 +600,17 @@ pub(crate) fn conv2d_packed_in_blocks(
 /// a band of rows at a time.
 /// `bf16`: whether bf16 compute may round the factors.
 pub fn conv2d_dense(x: &Tensor, w: &Tensor, stride: usize, padding: usize, bf16: bool) -> Result<Tensor> {
+    conv_dense(x, w, stride, padding, bf16, Epilogue::default())
+}
+
+fn conv_dense(x: &Tensor, w: &Tensor, stride: usize, padding: usize, bf16: bool, epilogue: Epilogue) -> Result<Tensor> {
     let w = w.contiguous()?;
     let (storage, layout) = w.storage_and_layout();
     let candle_core::Storage::Cpu(cpu) = &*storage else {
         candle_core::bail!("dense conv kernel: the weight is not on the CPU");
     };
     let data = input_f32(cpu, layout)?;
-    x.contiguous()?.apply_op1_no_bwd(&ConvOp { w: View::Slice(data, w.dims()), stride, padding, block: EXPAND_BLOCK_VALUES, bf16 })
+    conv_view(x, View::Slice(data, w.dims()), stride, padding, EXPAND_BLOCK_VALUES, bf16, epilogue)
 }
 
 /// Gathers rows of a mapped [rows, dim] table.
