@@ -8,7 +8,7 @@ use serde_json::json;
 
 use super::config::ConfigReader;
 use crate::error::LoadError;
-use crate::layers::{Activation, Conv2d, Conv2dConfig};
+use crate::layers::{Activation, Conv2d, Conv2dConfig, Fuse};
 use crate::loading::{Loader, WeightStore, Weights};
 
 #[derive(Debug, Clone, PartialEq)]
@@ -98,19 +98,20 @@ impl TinyBlock {
     }
 
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        let h = self.act.forward(&self.convs[0].forward(x)?)?;
-        let h = self.act.forward(&self.convs[1].forward(&h)?)?;
-        let h = self.convs[2].forward(&h)?;
+        let h = self.convs[0].forward_with(x, Fuse::act(self.act))?;
+        let h = self.convs[1].forward_with(&h, Fuse::act(self.act))?;
         let skip = match &self.skip {
             Some(s) => s.forward(x)?,
             None => x.clone(),
         };
-        (h + skip)?.relu()
+        // diffusers: fuse(conv(x) + skip(x)), where `fuse` is a ReLU whatever act_fn is.
+        self.convs[2].forward_with(&h, Fuse { residual: Some(&skip), act: Some(Activation::Relu), ..Fuse::default() })
     }
 }
 
 enum Layer {
-    Conv(Conv2d),
+    /// A conv and the activation layer that follows it, applied as one op.
+    Conv(Conv2d, Option<Activation>),
     Block(TinyBlock),
     Act(Activation),
     Upsample(usize),
@@ -119,7 +120,7 @@ enum Layer {
 impl Layer {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         match self {
-            Layer::Conv(c) => c.forward(x),
+            Layer::Conv(c, act) => c.forward_with(x, Fuse { act: *act, ..Fuse::default() }),
             Layer::Block(b) => b.forward(x),
             Layer::Act(a) => a.forward(x),
             Layer::Upsample(f) => {
@@ -130,19 +131,23 @@ impl Layer {
     }
 }
 
-/// Mirrors an `nn.Sequential`: parameter-free layers still take an index.
+/// Mirrors an `nn.Sequential`: parameter-free layers still take an index (counted
+/// apart from `layers`, where an activation may be fused into the conv before it).
 struct Sequential<'a> {
     w: Weights<'a>,
     layers: Vec<Layer>,
+    index: usize,
 }
 
 impl<'a> Sequential<'a> {
     fn new(w: Weights<'a>) -> Self {
-        Self { w, layers: Vec::new() }
+        Self { w, layers: Vec::new(), index: 0 }
     }
 
-    fn next(&self) -> Weights<'a> {
-        self.w.pp(self.layers.len())
+    /// The weights of the next module, which takes its index.
+    fn next(&mut self) -> Weights<'a> {
+        self.index += 1;
+        self.w.pp(self.index - 1)
     }
 
     fn conv(&mut self, i: usize, o: usize, stride: usize, bias: bool) -> Result<(), LoadError> {
@@ -152,8 +157,22 @@ impl<'a> Sequential<'a> {
             padding: 1,
         };
         let c = Conv2d::load(&self.next(), i, o, cfg, bias)?;
-        self.layers.push(Layer::Conv(c));
+        self.layers.push(Layer::Conv(c, None));
         Ok(())
+    }
+
+    /// An activation layer: fused into the conv before it, when there is one.
+    fn act(&mut self, act: Activation) {
+        self.index += 1;
+        match self.layers.last_mut() {
+            Some(Layer::Conv(_, slot @ None)) => *slot = Some(act),
+            _ => self.layers.push(Layer::Act(act)),
+        }
+    }
+
+    fn upsample(&mut self, factor: usize) {
+        self.index += 1;
+        self.layers.push(Layer::Upsample(factor));
     }
 
     fn block(&mut self, ch: usize, act: Activation) -> Result<(), LoadError> {
@@ -222,7 +241,7 @@ impl TinyDecoder {
         let mut s = Sequential::new(loader.root().pp("decoder").pp("layers"));
         let chans = &cfg.decoder_block_out_channels;
         s.conv(cfg.latent_channels, chans[0], 1, true)?;
-        s.layers.push(Layer::Act(cfg.act_fn));
+        s.act(cfg.act_fn);
         let n = chans.len();
         for (i, (&ch, &blocks)) in chans.iter().zip(&cfg.num_decoder_blocks).enumerate() {
             let last = i + 1 == n;
@@ -230,7 +249,7 @@ impl TinyDecoder {
                 s.block(ch, cfg.act_fn)?;
             }
             if !last {
-                s.layers.push(Layer::Upsample(cfg.upsampling_scaling_factor));
+                s.upsample(cfg.upsampling_scaling_factor);
             }
             let out = if last { cfg.out_channels } else { ch };
             s.conv(ch, out, 1, last)?;

@@ -4,7 +4,7 @@
 use candle_core::{Result, Tensor};
 
 use crate::error::LoadError;
-use crate::layers::{Activation, Conv2d, Conv2dConfig, GroupNorm, Linear};
+use crate::layers::{Activation, Conv2d, Conv2dConfig, Fuse, GroupNorm, Linear};
 use crate::loading::Weights;
 
 /// `ResnetBlock2D` with `resnet_time_scale_shift="default"`.
@@ -57,22 +57,18 @@ impl ResnetBlock2D {
     /// Each intermediate map is dropped once the next exists (shadowed bindings
     /// would all live to the end), as `memory::sim::resnet` assumes.
     pub fn forward(&self, x: &Tensor, temb: Option<&Tensor>) -> Result<Tensor> {
-        let h = {
-            let h1 = self.conv1.forward(&self.norm1.forward_then(x, self.act)?)?;
-            match (&self.time_emb_proj, temb) {
-                (Some(proj), Some(t)) => {
-                    let t = proj.forward(&self.act.forward(t)?)?;
-                    h1.broadcast_add(&t.unsqueeze(2)?.unsqueeze(3)?)?
-                }
-                _ => h1,
-            }
+        // The timestep's projection is a per-image channel offset of conv1's output, and
+        // the skip is conv2's residual: both applied inside the convs ([`Fuse`]).
+        let t = match (&self.time_emb_proj, temb) {
+            (Some(proj), Some(t)) => Some(proj.forward(&self.act.forward(t)?)?),
+            _ => None,
         };
-        let h = self.conv2.forward(&self.norm2.forward_then(&h, self.act)?)?;
+        let h = self.conv1.forward_with(&self.norm1.forward_then(x, self.act)?, Fuse { offset: t.as_ref(), ..Fuse::default() })?;
         let skip = match &self.conv_shortcut {
             Some(c) => c.forward(x)?,
             None => x.clone(),
         };
-        let out = (skip + h)?;
+        let out = self.conv2.forward_with(&self.norm2.forward_then(&h, self.act)?, Fuse::residual(&skip))?;
         if self.output_scale_factor == 1.0 {
             Ok(out)
         } else {
