@@ -32,7 +32,7 @@ pub struct KernelArgs {
     #[arg(long)]
     torch_script: Option<PathBuf>,
     /// Only the cases whose name contains this (attn_self, attn_cross, gn, gn_silu,
-    /// conv3x3_320, conv3x3_640, conv3x3_1280_16, conv3x3_1280_8, conv1x1_320, linear_320, linear_geglu).
+    /// conv3x3_320, conv3x3_640, conv3x3_1280_16, conv3x3_1280_8, conv1x1_320, conv3x3_64_256, conv3x3_64_512, linear_320, linear_geglu).
     #[arg(long)]
     only: Option<String>,
 }
@@ -173,6 +173,9 @@ fn cases() -> anyhow::Result<Vec<Case>> {
         ("conv3x3_1280_16", 2, 1280, 1280, 16, 3),
         ("conv3x3_1280_8", 2, 1280, 1280, 8, 3),
         ("conv1x1_320", 1, 320, 320, 64, 1),
+        // The tiny VAE decoder's (TAESD) last levels: few channels, wide maps.
+        ("conv3x3_64_256", 1, 64, 64, 256, 3),
+        ("conv3x3_64_512", 1, 64, 64, 512, 3),
     ] {
         let w = (rng.randn(&[o, c, k, k], &dev)? * (1.0 / ((c * k * k) as f64).sqrt()))?;
         let pairs = if k == 3 && brume::kernels::conv3x3_bf16::supported() {
