@@ -3,8 +3,10 @@
 Started by the benchmark with a work folder; it then sends one JSON request per line
 on stdin and reads one JSON answer per line on stdout:
 
-  {"cmd": "load", "name": N, "kind": "unet"|"vae_decoder"|"tiny_decoder"|"text_encoder",
-   "model": DIR, "subfolder": S, "inputs": [[file, shape, dtype], ...], "variants": [...]}
+  {"cmd": "load", "name": N, "kind": "unet"|"vae_decoder"|"tiny_decoder"|"text_encoder"|"image",
+   "model": DIR, "subfolder": S, "inputs": [[file, shape, dtype], ...], "variants": [...],
+   "steps": n, "guidance": g}   (steps and guidance: for "image", whose inputs are the
+                                 prompt's ids, the empty prompt's ids and the initial noise)
       -> {"variants": [...ready...], "skipped": {variant: why}, "flops": F, "precision": {variant: what ran}}
   {"cmd": "run", "name": N, "variant": V}  -> {"s": seconds}
   {"cmd": "unload", "name": N}             -> {}
@@ -87,33 +89,38 @@ def count_flops(module, inputs):
 def build(variant, module, inputs, work, name, threads, cache):
     """A zero-argument callable running one forward pass, and what precision it runs.
     `cache` holds what variants of one component share (OpenVINO's converted model)."""
+    f, what = compile_module(variant, module, inputs, work, name, threads, cache)
+    return (lambda: f(*inputs)), what
+
+
+def compile_module(variant, module, example, work, name, threads, cache):
+    """`module` as `variant` runs it: a callable on tensors shaped like `example`
+    (torch tensors in, an f32 torch tensor out), and what precision it runs."""
     if variant == "torch-f32":
-        return (lambda: module(*inputs)), "f32"
+        return module, "f32"
     if variant == "torch-bf16":
         import copy
 
         m16 = copy.deepcopy(module).to(torch.bfloat16)
-        xs = [x.to(torch.bfloat16) if x.is_floating_point() else x for x in inputs]
-        return (lambda: m16(*xs).float()), "bf16"
+        return (lambda *xs: m16(*[x.to(torch.bfloat16) if x.is_floating_point() else x for x in xs]).float()), "bf16"
     if variant == "onnxruntime-f32":
         import onnxruntime as ort
 
         path = work / f"{name}.onnx"
-        names = [f"in{i}" for i in range(len(inputs))]
+        names = [f"in{i}" for i in range(len(example))]
         with torch.inference_mode():
             try:
-                torch.onnx.export(module, tuple(inputs), str(path), input_names=names, output_names=["out"],
+                torch.onnx.export(module, tuple(example), str(path), input_names=names, output_names=["out"],
                                   opset_version=17, dynamo=False, external_data=True)
             except TypeError:
-                torch.onnx.export(module, tuple(inputs), str(path), input_names=names, output_names=["out"],
+                torch.onnx.export(module, tuple(example), str(path), input_names=names, output_names=["out"],
                                   opset_version=17, dynamo=False)
         so = ort.SessionOptions()
         so.intra_op_num_threads = threads
         so.inter_op_num_threads = 1
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-        feed = {n: x.numpy() for n, x in zip(names, inputs)}
-        return (lambda: torch.from_numpy(sess.run(None, feed)[0])), "f32"
+        return (lambda *xs: torch.from_numpy(sess.run(None, {n: x.numpy() for n, x in zip(names, xs)})[0])), "f32"
     if variant.startswith("openvino-"):
         import openvino as ov
 
@@ -121,21 +128,83 @@ def build(variant, module, inputs, work, name, threads, cache):
         core = ov.Core()
         if "openvino" not in cache:
             with torch.inference_mode():
-                cache["openvino"] = ov.convert_model(module, example_input=tuple(inputs))
+                cache["openvino"] = ov.convert_model(module, example_input=tuple(example))
         om = cache["openvino"]
         cfg = {"INFERENCE_PRECISION_HINT": want, "INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"}
         cm = core.compile_model(om, "CPU", cfg)
         hint = cm.get_property("INFERENCE_PRECISION_HINT")
         got = hint.get_type_name() if hasattr(hint, "get_type_name") else str(hint)
         req = cm.create_infer_request()
-        feed = [x.numpy() for x in inputs]
 
-        def run():
-            req.infer(feed)
+        def run(*xs):
+            req.infer([x.numpy() for x in xs])
             return torch.from_numpy(np.array(req.get_output_tensor(0).data, copy=True))
 
         return run, got if got == want else f"{got} (asked {want})"
     raise ValueError(f"unknown variant {variant}")
+
+
+class Image:
+    """A whole txt2img image as brume's `image-*` component runs it: the prompt (and,
+    guided, the empty prompt) through the text encoder, `steps` DDIM steps of the UNet
+    with classifier-free guidance, the decoder, then [0, 1] as brume writes images.
+    Each variant compiles the three modules its own way; the loop is shared."""
+
+    def __init__(self, model, inputs, steps, guidance):
+        from diffusers import AutoencoderKL, AutoencoderTiny, DDIMScheduler, UNet2DConditionModel
+        from transformers import CLIPTextModel
+
+        self.ids, self.uncond, self.noise = inputs
+        self.steps, self.guidance = steps, guidance
+        self.guided = guidance > 1.0
+        vae_class = json.loads((Path(model) / "vae" / "config.json").read_text())["_class_name"]
+        vae = (AutoencoderTiny if vae_class == "AutoencoderTiny" else AutoencoderKL).from_pretrained(
+            model, subfolder="vae", torch_dtype=torch.float32).eval()
+        self.scale = vae.config.scaling_factor
+        self.shift = getattr(vae.config, "shift_factor", None) or 0.0
+        self.modules = {
+            "text": Wrap("text_encoder", CLIPTextModel.from_pretrained(model, subfolder="text_encoder", torch_dtype=torch.float32).eval()),
+            "unet": Wrap("unet", UNet2DConditionModel.from_pretrained(model, subfolder="unet", torch_dtype=torch.float32).eval()),
+            "decoder": Wrap("tiny_decoder" if vae_class == "AutoencoderTiny" else "vae_decoder", vae),
+        }
+        self.scheduler = DDIMScheduler.from_pretrained(model, subfolder="scheduler")
+        with torch.inference_mode():
+            ctx = self.modules["text"](self.ids)
+        batch = 2 if self.guided else 1
+        self.examples = {
+            "text": [self.ids],
+            "unet": [torch.cat([self.noise] * batch), torch.tensor([999.0]), torch.cat([ctx] * batch)],
+            "decoder": [self.noise],
+        }
+
+    def flops(self):
+        per = {k: count_flops(m, self.examples[k]) for k, m in self.modules.items()}
+        return per["text"] * (2 if self.guided else 1) + per["unet"] * self.steps + per["decoder"]
+
+    def build(self, variant, work, name, threads):
+        parts, whats = {}, set()
+        for k, m in self.modules.items():
+            f, what = compile_module(variant, m, self.examples[k], work, f"{name}.{k}", threads, {})
+            parts[k] = f
+            whats.add(what)
+        return (lambda: self.run(parts)), "/".join(sorted(whats))
+
+    def run(self, parts):
+        cond = parts["text"](self.ids)
+        ctx = torch.cat([parts["text"](self.uncond), cond]) if self.guided else cond
+        sched = self.scheduler
+        sched.set_timesteps(self.steps)
+        latents = self.noise * sched.init_noise_sigma
+        for t in sched.timesteps:
+            x = torch.cat([latents] * 2) if self.guided else latents
+            x = sched.scale_model_input(x, t)
+            eps = parts["unet"](x, torch.tensor([float(t)]), ctx)
+            if self.guided:
+                uncond, cond_eps = eps.chunk(2)
+                eps = uncond + self.guidance * (cond_eps - uncond)
+            latents = sched.step(eps, t, latents).prev_sample
+        image = parts["decoder"](latents / self.scale + self.shift)
+        return (image / 2 + 0.5).clamp(0, 1)
 
 
 def versions():
@@ -167,13 +236,19 @@ def main():
             continue
         if cmd == "load":
             name = req["name"]
-            module = load_module(req["kind"], req["model"], req["subfolder"])
             inputs = read_inputs(work, req["inputs"])
-            flops = count_flops(module, inputs)
+            if req["kind"] == "image":
+                image = Image(req["model"], inputs, req["steps"], req["guidance"])
+                flops = image.flops()
+                make = lambda v, cache: image.build(v, work, name, threads)  # noqa: E731
+            else:
+                module = load_module(req["kind"], req["model"], req["subfolder"])
+                flops = count_flops(module, inputs)
+                make = lambda v, cache: build(v, module, inputs, work, name, threads, cache)  # noqa: E731
             runs, skipped, precision, cache = {}, {}, {}, {}
             for v in req["variants"]:
                 try:
-                    f, what = build(v, module, inputs, work, name, threads, cache)
+                    f, what = make(v, cache)
                     runs[v] = f
                     precision[v] = what
                 except Exception as e:  # report, never drop silently

@@ -29,7 +29,9 @@ use super::bench_kernels::{read_f32, rel_err, tool_script, write_f32};
 #[derive(clap::Args, Debug)]
 pub struct SpeedArgs {
     /// Components, each KIND-MODEL[@SIZE]: unet-sd15@512, unet-sdxs@256, vae-sd15@512
-    /// (the KL decoder), taesd-sdxs@512 (the tiny decoder), text-sd15.
+    /// (the KL decoder), taesd-sdxs@512 (the tiny decoder), text-sd15; whole images:
+    /// image-sdxs@512 (text encoder + 1 UNet step + tiny VAE decoder) and
+    /// image-sd15@512 (prompt and empty negative prompt, 20 guided DDIM steps, KL decoder).
     #[arg(long, value_delimiter = ',', default_values_t = [
         "text-sd15".to_string(), "unet-sd15@256".into(), "unet-sdxs@256".into(), "unet-sdxs@512".into(),
         "taesd-sdxs@512".into(), "vae-sd15@512".into(), "unet-sd15@512".into()])]
@@ -69,6 +71,9 @@ enum Kind {
     VaeDecoder,
     TinyDecoder,
     TextEncoder,
+    /// A whole txt2img image: every segment, the model's own step count and guidance
+    /// ([`Component::image_recipe`]).
+    Image,
 }
 
 #[derive(Debug, Clone)]
@@ -92,7 +97,8 @@ impl Component {
             "vae" => Kind::VaeDecoder,
             "taesd" => Kind::TinyDecoder,
             "text" => Kind::TextEncoder,
-            other => bail!("component `{s}`: unknown kind `{other}` (unet, vae, taesd, text)"),
+            "image" => Kind::Image,
+            other => bail!("component `{s}`: unknown kind `{other}` (unet, vae, taesd, text, image)"),
         };
         let model = match model {
             "sd15" => "sd15",
@@ -111,6 +117,22 @@ impl Component {
             Kind::Unet => format!("{} UNet {}x{}", self.model, self.size, self.size),
             Kind::VaeDecoder => format!("{} VAE decoder to {}x{}", self.model, self.size, self.size),
             Kind::TinyDecoder => format!("{} tiny VAE decoder to {}x{}", self.model, self.size, self.size),
+            Kind::Image => {
+                let (steps, guidance) = self.image_recipe();
+                let guided = if guidance > 1.0 { format!("guided {guidance}") } else { "unguided".into() };
+                format!("{} image {}x{}, {steps} step(s) {guided}", self.model, self.size, self.size)
+            }
+        }
+    }
+
+    /// Steps and guidance of a whole image: SD 1.5 as people run it (20 steps,
+    /// guidance 7.5, so every step runs both branches), SDXS-512 as it was distilled
+    /// to run (one step, no unconditional branch). DDIM on both sides: the folders'
+    /// own PNDM has no one-step form, and the cost is the UNet's either way.
+    fn image_recipe(&self) -> (usize, f64) {
+        match self.model {
+            "sdxs" => (1, 0.0),
+            _ => (20, 7.5),
         }
     }
 
@@ -119,14 +141,16 @@ impl Component {
             Kind::Unet => "unet",
             Kind::VaeDecoder | Kind::TinyDecoder => "vae",
             Kind::TextEncoder => "text_encoder",
+            Kind::Image => "",
         }
     }
 
-    fn segment(&self) -> Segment {
+    fn segments(&self) -> &'static [Segment] {
         match self.kind {
-            Kind::Unet => Segment::Unet,
-            Kind::VaeDecoder | Kind::TinyDecoder => Segment::VaeDecoder,
-            Kind::TextEncoder => Segment::TextEncoder,
+            Kind::Unet => &[Segment::Unet],
+            Kind::VaeDecoder | Kind::TinyDecoder => &[Segment::VaeDecoder],
+            Kind::TextEncoder => &[Segment::TextEncoder],
+            Kind::Image => &[Segment::TextEncoder, Segment::Unet, Segment::VaeDecoder],
         }
     }
 }
@@ -136,16 +160,68 @@ enum Loaded {
     Unet(brume::models::unet_2d_condition::UNet2DConditionModel, Tensor, f32, Tensor),
     Decoder(brume::pipelines::model::AnyVaeDecoder, Tensor),
     Text(brume::models::clip::ClipTextModel, Tensor),
+    Image(Box<ImageRun>),
 }
 
 impl Loaded {
-    fn run(&self) -> candle_core::Result<Tensor> {
-        match self {
-            Loaded::Unet(u, x, t, ctx) => u.forward(x, &[*t], ctx, None),
-            Loaded::Decoder(d, z) => d.decode(z),
-            Loaded::Text(te, ids) => Ok(te.forward(ids, 0)?.hidden),
-        }
+    fn run(&self, model: &SdModel) -> anyhow::Result<Tensor> {
+        Ok(match self {
+            Loaded::Unet(u, x, t, ctx) => u.forward(x, &[*t], ctx, None)?,
+            Loaded::Decoder(d, z) => d.decode(z)?,
+            Loaded::Text(te, ids) => te.forward(ids, 0)?.hidden,
+            Loaded::Image(run) => run.run(model)?,
+        })
     }
+}
+
+/// A whole txt2img image with every segment loaded beforehand (loading is not what
+/// is timed): the prompt (and, guided, the empty negative prompt) through the text
+/// encoder, the steps through the UNet with the conditioning cache of one
+/// generation, and the decoder. The peers run the same loop with diffusers' DDIM.
+struct ImageRun {
+    text: brume::models::clip::ClipTextModel,
+    unet: brume::models::unet_2d_condition::UNet2DConditionModel,
+    decoder: brume::pipelines::model::AnyVaeDecoder,
+    /// [1, 77] token ids of the prompt and of the empty prompt.
+    ids: Tensor,
+    uncond_ids: Tensor,
+    /// The initial noise, before the sampler's `init_noise_sigma`.
+    noise: Tensor,
+    steps: usize,
+    guidance: f64,
+}
+
+impl ImageRun {
+    /// The decoded image in [0, 1], as brume writes it.
+    fn run(&self, model: &SdModel) -> anyhow::Result<Tensor> {
+        use brume::pipelines::{denoise::denoise, Conditioning, Flow, GenerationRequest, RunOptions};
+        let (_, _, h, _) = self.noise.dims4()?;
+        let req = GenerationRequest {
+            steps: self.steps,
+            guidance_scale: self.guidance,
+            sampler: Some(brume::samplers::SamplerKind::Ddim),
+            ..GenerationRequest::new("", h * model.vae_config.scale_factor())
+        };
+        let guided = req.guided(model);
+        let cond = self.text.forward(&self.ids, 0)?.hidden;
+        let context = if guided { Tensor::cat(&[&self.text.forward(&self.uncond_ids, 0)?.hidden, &cond], 0)? } else { cond };
+        let conditioning = Conditioning { context, guided, kv: brume::models::attention::KvCache::new(), encode_time: Duration::ZERO };
+        let mut sampler = req.build_sampler(model)?;
+        let latents = (&self.noise * sampler.init_noise_sigma())?;
+        // DDIM at eta 0 draws nothing; the source is there for the signature.
+        let mut rng = brume::samplers::Rng::new(0);
+        let opts = RunOptions { device: Device::Cpu, ..RunOptions::default() };
+        let latents = denoise(&self.unet, &conditioning, self.guidance, sampler.as_mut(), latents, 0, None, &mut rng, &opts, &mut |_| Flow::Continue)?;
+        Ok(brume::pipelines::decode::decode_with(&self.decoder, model, &latents, &opts)?)
+    }
+}
+
+/// `ids` as the u32 file the peers read, listed in `inputs`.
+fn ids_input(work: &Path, file: String, ids: &[u32], inputs: &mut Vec<Value>) -> anyhow::Result<()> {
+    let bytes: Vec<u8> = ids.iter().flat_map(|x| x.to_le_bytes()).collect();
+    std::fs::write(work.join(&file), bytes).with_context(|| format!("writing {}", work.join(&file).display()))?;
+    inputs.push(json!([file, [1, ids.len()], "u32"]));
+    Ok(())
 }
 
 fn load(model: &SdModel, c: &Component, dev: &Device, work: &Path) -> anyhow::Result<(Loaded, Vec<Value>)> {
@@ -182,11 +258,29 @@ fn load(model: &SdModel, c: &Component, dev: &Device, work: &Path) -> anyhow::Re
             let mut ids: Vec<u32> = vec![49406];
             ids.extend((1..20u32).map(|i| (i * 7919 + 13) % 49406));
             ids.resize(77, 49407);
-            let file = format!("{}.ids.in", c.name);
-            let bytes: Vec<u8> = ids.iter().flat_map(|x| x.to_le_bytes()).collect();
-            std::fs::write(work.join(&file), bytes)?;
-            inputs.push(json!([file, [1, 77], "u32"]));
+            ids_input(work, format!("{}.ids.in", c.name), &ids, &mut inputs)?;
             Loaded::Text(te, Tensor::from_vec(ids, (1, 77), dev)?)
+        }
+        Kind::Image => {
+            let (steps, guidance) = c.image_recipe();
+            let f = model.vae_config.scale_factor();
+            let noise = rng.randn(&[1, model.vae_config.latent_channels(), c.size / f, c.size / f], dev)?;
+            let tokens = |text: &str| model.tokenizer.encode_padded(text);
+            let (ids, uncond) = (tokens("a red fox in a snowy forest, oil painting"), tokens(""));
+            ids_input(work, format!("{}.ids.in", c.name), &ids, &mut inputs)?;
+            ids_input(work, format!("{}.uncond_ids.in", c.name), &uncond, &mut inputs)?;
+            f32_input("noise", &noise, &mut inputs)?;
+            let as_tensor = |v: Vec<u32>| Tensor::from_vec(v.clone(), (1, v.len()), dev);
+            Loaded::Image(Box::new(ImageRun {
+                text: model.text_encoder(dev, DType::F32)?,
+                unet: model.unet(dev, DType::F32)?,
+                decoder: model.vae_decoder(dev, DType::F32)?,
+                ids: as_tensor(ids)?,
+                uncond_ids: as_tensor(uncond)?,
+                noise,
+                steps,
+                guidance,
+            }))
         }
     };
     Ok((loaded, inputs))
@@ -337,9 +431,11 @@ pub fn run(a: SpeedArgs) -> anyhow::Result<()> {
             Kind::VaeDecoder => "vae_decoder",
             Kind::TinyDecoder => "tiny_decoder",
             Kind::TextEncoder => "text_encoder",
+            Kind::Image => "image",
         };
+        let (steps, guidance) = c.image_recipe();
         let ans = peers.ask(json!({"cmd": "load", "name": c.name, "kind": kind, "model": folder, "subfolder": c.subfolder(),
-            "inputs": inputs, "variants": peers_wanted}))?;
+            "inputs": inputs, "variants": peers_wanted, "steps": steps, "guidance": guidance}))?;
         let flops = ans["flops"].as_f64().unwrap_or(0.0);
         let ready: Vec<String> = ans["variants"].as_array().map(|v| v.iter().filter_map(|x| x.as_str().map(str::to_owned)).collect()).unwrap_or_default();
         if !ready.iter().any(|v| v == "torch-f32") {
@@ -359,7 +455,7 @@ pub fn run(a: SpeedArgs) -> anyhow::Result<()> {
             brume::kernels::set_mode(m.kernels);
             brume::kernels::set_compute(m.compute).map_err(anyhow::Error::msg)?;
             let t = Instant::now();
-            let y = loaded.run()?;
+            let y = loaded.run(&model)?;
             Ok((t.elapsed().as_secs_f64(), y))
         };
         // Warm-up round: one run of each, which also gives the outputs for the errors.
@@ -393,7 +489,9 @@ pub fn run(a: SpeedArgs) -> anyhow::Result<()> {
         brume::kernels::set_compute(Compute::F32).map_err(anyhow::Error::msg)?;
         peers.ask(json!({"cmd": "unload", "name": c.name}))?;
         drop(loaded);
-        model.release(c.segment());
+        for &seg in c.segments() {
+            model.release(seg);
+        }
 
         println!();
         println!("{} ({:.1} GFLOP)", c.label(), flops / 1e9);
