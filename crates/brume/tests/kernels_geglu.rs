@@ -30,3 +30,32 @@ fn geglu_matches_candle_on_every_path() {
     assert_eq!(got.dims(), &[2, 5, 4]);
     assert!(geglu_on(Isa::Portable, &Tensor::zeros((2, 3), candle_core::DType::F32, &dev).unwrap()).is_err(), "odd width must be refused");
 }
+
+/// GELU and QuickGELU as one vector pass, against candle's ops, on every path: lengths
+/// around the vector width and past a task's chunk, large |x| (saturated), tiny x,
+/// and a transposed (strided) view.
+#[test]
+fn gelu_and_quick_gelu_match_candle_on_every_path() {
+    use brume::kernels::gelu::{activation_on, Kind};
+    let dev = Device::Cpu;
+    let mut rng = Rng::new(22);
+    for &(len, gain) in &[(1usize, 1.0), (15, 1.0), (16, 3.0), (33, 10.0), (77 * 3072, 1.0), (65537, 6.0), (40, 1e-3)] {
+        let x = (rng.randn(&[len], &dev).unwrap() * gain).unwrap();
+        for (kind, want) in [
+            (Kind::Gelu, x.gelu_erf().unwrap()),
+            (Kind::QuickGelu, (&x * candle_nn::ops::sigmoid(&(&x * 1.702).unwrap()).unwrap()).unwrap()),
+        ] {
+            for isa in Isa::all_supported() {
+                let got = activation_on(isa, &x, kind).unwrap();
+                let diff = (&got - &want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+                let scale = want.abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap().max(1.0);
+                assert!(diff / scale <= 1e-6, "{kind:?} {} len {len} gain {gain}: err {:.2e}", isa.name(), diff / scale);
+            }
+        }
+    }
+    let m = rng.randn(&[5, 7], &dev).unwrap().t().unwrap();
+    let got = activation_on(Isa::Portable, &m, Kind::Gelu).unwrap();
+    let diff = (&got - &m.gelu_erf().unwrap()).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+    assert_eq!(got.dims(), &[7, 5]);
+    assert!(diff <= 1e-6, "strided input: {diff:.2e}");
+}

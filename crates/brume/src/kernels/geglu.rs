@@ -4,9 +4,7 @@
 //! candle's scalar `erf` on the gate and multiplies: three full-size temporaries
 //! and, at SD 1.5's 4096 tokens x 1280, about a twentieth of a bf16 UNet step on
 //! AMX. Here one pass reads each row's two halves where they are and writes the
-//! product, with a vector erf (Abramowitz & Stegun 7.1.26: absolute error under
-//! 1.5e-7, the size of f32's own rounding of values near 1, computed as erfc
-//! for negative inputs so small results keep their relative accuracy).
+//! product, with the vector erf of [`super::gelu`].
 
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Tensor};
@@ -14,6 +12,7 @@ use rayon::prelude::*;
 
 #[cfg(target_arch = "x86_64")]
 use super::simd::{Avx2, Avx512};
+use super::gelu::{gelu, gelu_scalar};
 use super::simd::{Portable, Simd};
 use super::{isa, require, Isa, SharedMut};
 
@@ -120,43 +119,4 @@ unsafe fn row<S: Simd>(src: &[f32], dst: &mut [f32]) {
     for j in i..n {
         dst[j] = src[j] * gelu_scalar(src[n + j]);
     }
-}
-
-const A1: f32 = 0.254_829_6;
-const A2: f32 = -0.284_496_74;
-const A3: f32 = 1.421_413_7;
-const A4: f32 = -1.453_152_1;
-const A5: f32 = 1.061_405_4;
-const P: f32 = 0.327_591_1;
-
-/// `0.5 x (1 + erf(x / sqrt 2))` lane by lane.
-///
-/// SAFETY: the CPU has `S`'s features.
-#[inline(always)]
-unsafe fn gelu<S: Simd>(x: S::V) -> S::V {
-    unsafe {
-        let z = S::mul(x, S::splat(std::f32::consts::FRAC_1_SQRT_2));
-        // |z| as max(z, -z); erf is odd, so erf(z) = sign(z) * erf(|z|).
-        let az = S::max(z, S::sub(S::splat(0.0), z));
-        let t = S::div(S::splat(1.0), S::fmadd(az, S::splat(P), S::splat(1.0)));
-        let poly = S::mul(
-            t,
-            S::fmadd(t, S::fmadd(t, S::fmadd(t, S::fmadd(t, S::splat(A5), S::splat(A4)), S::splat(A3)), S::splat(A2)), S::splat(A1)),
-        );
-        // c = erfc|z| = 1 - erf|z|.
-        let c = S::mul(poly, S::exp2(S::mul(S::mul(az, az), S::splat(-std::f32::consts::LOG2_E))));
-        // 0.5 x (1 + sign(x) erf|z|) = 0.5 ((x + |x|) - |x| c): for x < 0 the first term
-        // is exactly 0, so the small result -|x| c / 2 keeps c's relative accuracy
-        // instead of losing it to 1 - erf|z| cancelling.
-        let ax = S::max(x, S::sub(S::splat(0.0), x));
-        S::mul(S::splat(0.5), S::sub(S::add(x, ax), S::mul(ax, c)))
-    }
-}
-
-fn gelu_scalar(x: f32) -> f32 {
-    let az = (x * std::f32::consts::FRAC_1_SQRT_2).abs();
-    let t = 1.0 / (1.0 + P * az);
-    let poly = t * (A1 + t * (A2 + t * (A3 + t * (A4 + t * A5))));
-    let c = poly * (-az * az).exp();
-    0.5 * ((x + x.abs()) - x.abs() * c)
 }

@@ -18,6 +18,7 @@ pub mod conv3x3;
 pub mod conv3x3_bf16;
 pub mod flash_attention;
 pub mod geglu;
+pub mod gelu;
 pub mod group_norm;
 pub mod matmul;
 pub mod matmul_bf16;

@@ -24,7 +24,10 @@ impl Activation {
     }
 
     pub fn forward(self, x: &Tensor) -> Result<Tensor> {
+        use crate::kernels::gelu::{activation, Kind};
         match self {
+            Self::Gelu if crate::kernels::use_fast(x) => activation(x, Kind::Gelu),
+            Self::QuickGelu if crate::kernels::use_fast(x) => activation(x, Kind::QuickGelu),
             Self::Silu => candle_nn::ops::silu(x),
             Self::Gelu => x.gelu_erf(),
             Self::QuickGelu => x * candle_nn::ops::sigmoid(&(x * 1.702)?)?,
