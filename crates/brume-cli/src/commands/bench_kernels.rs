@@ -32,7 +32,7 @@ pub struct KernelArgs {
     #[arg(long)]
     torch_script: Option<PathBuf>,
     /// Only the cases whose name contains this (attn_self, attn_cross, gn, gn_silu,
-    /// conv3x3_320, conv3x3_640, conv3x3_1280_16, conv3x3_1280_8, conv1x1_320, conv3x3_64_256, conv3x3_64_512, linear_320, linear_geglu).
+    /// conv3x3_320, conv3x3_640, conv3x3_1280_16, conv3x3_1280_8, conv1x1_320, conv3x3_64_256, conv3x3_64_512, linear_320, linear_geglu, linear_77_1024, linear_77_fc1, linear_77_fc2).
     #[arg(long)]
     only: Option<String>,
 }
@@ -190,8 +190,16 @@ fn cases() -> anyhow::Result<Vec<Case>> {
             op: Op::Conv { x: rng.randn(&[b, c, hw, hw], &dev)?, w, padding: k / 2, pairs },
         });
     }
-    // Transformer-block projections at 64x64 tokens: attention q/k/v/out and GEGLU's.
-    for (name, k, n) in [("linear_320", 320, 320), ("linear_geglu", 320, 2560)] {
+    // Transformer-block projections at 64x64 tokens: attention q/k/v/out and GEGLU's;
+    // and the 77-token products of SD 2.x / SDXS's text encoder (OpenCLIP ViT-H: width
+    // 1024, MLP 4096), whose weights are packed per call for few rows.
+    for (name, m, k, n) in [
+        ("linear_320", 4096, 320, 320),
+        ("linear_geglu", 4096, 320, 2560),
+        ("linear_77_1024", 77, 1024, 1024),
+        ("linear_77_fc1", 77, 1024, 4096),
+        ("linear_77_fc2", 77, 4096, 1024),
+    ] {
         let w = (rng.randn(&[n, k], &dev)? * (1.0 / (k as f64).sqrt()))?;
         let strips = if brume::kernels::conv3x3_bf16::supported() {
             Some(PackedStrips::of_linear(&w.flatten_all()?.to_vec1::<f32>()?, n, k)?)
@@ -200,9 +208,9 @@ fn cases() -> anyhow::Result<Vec<Case>> {
         };
         v.push(Case {
             name,
-            label: format!("linear 4096x{k} -> {n}"),
-            flops: 2.0 * (4096 * k * n) as f64,
-            op: Op::Linear { x: rng.randn(&[4096, k], &dev)?, w, strips },
+            label: format!("linear {m}x{k} -> {n}"),
+            flops: 2.0 * (m * k * n) as f64,
+            op: Op::Linear { x: rng.randn(&[m, k], &dev)?, w, strips },
         });
     }
     Ok(v)
