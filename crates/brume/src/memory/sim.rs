@@ -143,26 +143,23 @@ impl Map {
     }
 }
 
-/// `ResnetBlock2D`: input live on entry; on return the output is live too.
-fn resnet(sim: &mut Sim, m: Map, cin: usize, cout: usize, temb: bool) {
+/// `ResnetBlock2D`: input live on entry; on return the output is live too. The
+/// timestep offset and the skip are added in place by the convs (`layers::Fuse`), so
+/// conv1's output is the only map before the shortcut, and conv2's is the output.
+fn resnet(sim: &mut Sim, m: Map, cin: usize, cout: usize) {
     let (i, o) = (m.ch(cin), m.ch(cout));
     // norm1 internals, then norm + silu + conv1 and its patches.
     sim.spike(sim.norm(i));
     sim.spike(sim.norm_act(i) + o + sim.conv3(cin as u64, cout as u64, m));
-    sim.alloc(o); // h1
+    sim.alloc(o); // h, the timestep offset added in place
     let mut held = o;
-    if temb {
-        sim.spike(o); // h1 + temb, which replaces h1
+    if cin != cout {
+        sim.alloc(o); // shortcut, live through conv2
+        held += o;
     }
     sim.spike(sim.norm(o));
     sim.spike(sim.norm_act(o) + o + sim.conv3(cout as u64, cout as u64, m));
-    sim.alloc(o); // h2 (the shadowed h stays alive to the end of the call)
-    held += o;
-    if cin != cout {
-        sim.alloc(o); // shortcut
-        held += o;
-    }
-    sim.alloc(o); // output
+    sim.alloc(o); // output: conv2 with the skip added in place
     sim.free(held);
 }
 
@@ -236,7 +233,9 @@ fn transformer(sim: &mut Sim, m: Map, c: usize, heads: usize, depth: usize, ctx_
         sim.alloc(t); // new tokens
         sim.free(2 * t); // the block's input and the x + a1 intermediate
     }
-    sim.spike(3 * t); // map copy, projection, residual sum
+    // Map copy and projection (the residual added in place), or the linear
+    // projection and the residual sum.
+    sim.spike(2 * t);
     sim.alloc(t); // output
     sim.free(2 * t); // normed, tokens
 }
@@ -258,7 +257,7 @@ pub fn unet(cfg: &UNetConfig, b: usize, h: usize, w: usize, s: usize, ctx_tokens
         let attn = cfg.down_block_types[i] == DownBlockType::CrossAttnDownBlock2D;
         for j in 0..cfg.layers_per_block[i] {
             let cin = if j == 0 { prev } else { c };
-            resnet(&mut sim, m, cin, c, true);
+            resnet(&mut sim, m, cin, c);
             // The input stays alive: it is a skip (or conv_in / downsample output, also a skip).
             if attn {
                 transformer(&mut sim, m, c, cfg.num_heads[i], cfg.transformer_layers_per_block[i], ctx, cfg.only_cross_attention[i], mode);
@@ -280,13 +279,13 @@ pub fn unet(cfg: &UNetConfig, b: usize, h: usize, w: usize, s: usize, ctx_tokens
     let last_depth = cfg.transformer_layers_per_block.last().copied().unwrap_or(1);
     match cfg.mid_block_type {
         MidBlockType::CrossAttn => {
-            resnet(&mut sim, m, last, last, true);
+            resnet(&mut sim, m, last, last);
             transformer(&mut sim, m, last, last_heads, last_depth, ctx, false, mode);
-            resnet(&mut sim, m, last, last, true);
+            resnet(&mut sim, m, last, last);
             sim.free(2 * m.ch(last));
         }
         MidBlockType::Plain => {
-            resnet(&mut sim, m, last, last, true);
+            resnet(&mut sim, m, last, last);
         }
         MidBlockType::None => sim.alloc(m.ch(last)),
     }
@@ -303,7 +302,7 @@ pub fn unet(cfg: &UNetConfig, b: usize, h: usize, w: usize, s: usize, ctx_tokens
             let skip_c = (skip / m.ch(1).max(1)) as usize;
             let cin = if j == 0 { prev } else { c };
             sim.alloc(m.ch(cin + skip_c)); // concatenation
-            resnet(&mut sim, m, cin + skip_c, c, true);
+            resnet(&mut sim, m, cin + skip_c, c);
             sim.free(m.ch(cin + skip_c) + m.ch(cin) + skip);
             if attn {
                 transformer(&mut sim, m, c, cfg.num_heads[bi], cfg.reverse_transformer_layers_per_block.get(i).copied().unwrap_or(1), ctx, cfg.only_cross_attention[bi], mode);
@@ -328,7 +327,7 @@ pub fn vae_decoder(cfg: &AutoencoderKLConfig, b: usize, h: usize, w: usize, s: u
     sim.alloc(2 * m.ch(cfg.latent_channels)); // latents, post_quant_conv
     sim.spike(m.ch(top) + sim.conv3(cfg.latent_channels as u64, top as u64, m));
     sim.alloc(m.ch(top));
-    resnet(&mut sim, m, top, top, false);
+    resnet(&mut sim, m, top, top);
     sim.free(m.ch(top));
     if cfg.mid_block_add_attention {
         let t = m.ch(top);
@@ -343,14 +342,14 @@ pub fn vae_decoder(cfg: &AutoencoderKLConfig, b: usize, h: usize, w: usize, s: u
         sim.alloc(t);
         sim.free(t);
     }
-    resnet(&mut sim, m, top, top, false);
+    resnet(&mut sim, m, top, top);
     sim.free(m.ch(top));
     let rev: Vec<usize> = ch.iter().rev().copied().collect();
     let mut prev = rev[0];
     for (i, &c) in rev.iter().enumerate() {
         for j in 0..cfg.layers_per_block + 1 {
             let cin = if j == 0 { prev } else { c };
-            resnet(&mut sim, m, cin, c, false);
+            resnet(&mut sim, m, cin, c);
             sim.free(m.ch(cin));
         }
         prev = c;

@@ -7,7 +7,7 @@ use std::cell::{Cell, RefCell};
 use candle_core::{Result, Tensor};
 
 use crate::error::LoadError;
-use crate::layers::{attention_with, AttentionMask, AttentionMode, Conv2d, Conv2dConfig, GroupNorm, LayerNorm, Linear};
+use crate::layers::{attention_with, AttentionMask, AttentionMode, Conv2d, Conv2dConfig, Fuse, GroupNorm, LayerNorm, Linear};
 use crate::loading::Weights;
 
 /// Cross-attention keys and values of one conditioning, computed on first use
@@ -339,10 +339,10 @@ impl Transformer2DModel {
             tokens = block.forward(&tokens, context)?;
         }
         let to_map = |t: &Tensor, ch: usize| t.reshape((b, h, w, ch))?.permute((0, 3, 1, 2));
-        let out = match &self.proj_out {
-            Projection::Conv(conv) => conv.forward(&to_map(&tokens, self.inner)?.contiguous()?)?,
-            Projection::Linear(lin) => to_map(&lin.forward(&tokens)?, c)?,
-        };
-        out + residual
+        match &self.proj_out {
+            // The residual added in place to the projection's output ([`Fuse`]).
+            Projection::Conv(conv) => conv.forward_with(&to_map(&tokens, self.inner)?.contiguous()?, Fuse::residual(residual)),
+            Projection::Linear(lin) => to_map(&lin.forward(&tokens)?, c)? + residual,
+        }
     }
 }
