@@ -375,16 +375,53 @@ pub(crate) fn run(isa: Isa, x: &[f32], d: Dims, weights: &[f32], out: &mut [f32]
     if !d.check("conv3x3", x, weights, out)? {
         return Ok(());
     }
-    let Dims { batch, in_ch: c, out_ch: o, h, w } = d;
+    let Dims { batch, in_ch: c, out_ch: _, h, w } = d;
     if let Some(flat) = Flat::plan(batch, c, h, w, 2 * isa.lanes()) {
         run_flat(isa, x, d, weights, out, flat);
         return Ok(());
     }
+    rows(isa, x, d, weights, out, false);
+    Ok(())
+}
+
+/// As [`run`] on the nearest-neighbour 2x upsampling of `x` ([b, c, h / 2, w / 2] for
+/// the output's `d.h` x `d.w`) without forming it: each task fills its zero-bordered
+/// input rows from the half-size map, every value twice. A decoder's upsampler feeds
+/// its conv a map four times its input (256 MB at the SD VAE's 512 px level), written
+/// once and read once; here it never exists. `Ok(false)`, nothing written, where the
+/// output's size takes the flat layout: the caller upsamples and runs [`run`].
+pub(crate) fn run_upsampled(isa: Isa, x: &[f32], d: Dims, weights: &[f32], out: &mut [f32]) -> Result<bool> {
+    require(isa)?;
+    let Dims { batch, in_ch: c, out_ch: o, h, w } = d;
+    if !h.is_multiple_of(2) || !w.is_multiple_of(2) || x.len() != batch * c * (h / 2) * (w / 2) {
+        candle_core::bail!("conv3x3 (upsampled): input of {} values is not the half-size map of {d:?}", x.len());
+    }
+    if weights.len() != o * c * 9 || out.len() != batch * o * h * w {
+        candle_core::bail!("conv3x3 (upsampled): buffer sizes do not match {d:?}");
+    }
+    if Flat::plan(batch, c, h, w, 2 * isa.lanes()).is_some() {
+        return Ok(false);
+    }
+    if out.is_empty() {
+        return Ok(true);
+    }
+    if c == 0 {
+        out.fill(0.0);
+        return Ok(true);
+    }
+    rows(isa, x, d, weights, out, true);
+    Ok(true)
+}
+
+/// The row layout's tasks over `x`: the input itself, or (`up`) its half-size map.
+fn rows(isa: Isa, x: &[f32], d: Dims, weights: &[f32], out: &mut [f32], up: bool) {
+    let Dims { batch, in_ch: c, out_ch: o, h, w } = d;
     let split = RowTasks::new(batch, h, o.div_ceil(OB));
     let dst = SharedMut(out.as_mut_ptr());
+    let per_image = if up { c * (h / 2) * (w / 2) } else { c * h * w };
     (0..split.tasks()).into_par_iter().for_each(|task| {
         let Some((n, y, blocks)) = split.task(task) else { return };
-        let img = &x[n * c * h * w..(n + 1) * c * h * w];
+        let img = Src { data: &x[n * per_image..(n + 1) * per_image], up };
         ROWS.with(|cell| {
             let mut buf = cell.borrow_mut();
             // SAFETY: task (n, y, chunk) writes only output rows y of image n for the
@@ -400,7 +437,14 @@ pub(crate) fn run(isa: Isa, x: &[f32], d: Dims, weights: &[f32], out: &mut [f32]
             }
         });
     });
-    Ok(())
+}
+
+/// One image's input to the row layout: the map itself, or (`up`) the half-size map
+/// whose nearest-neighbour 2x upsampling is the input.
+#[derive(Clone, Copy)]
+struct Src<'a> {
+    data: &'a [f32],
+    up: bool,
 }
 
 /// The flat layout: copies the input once, zero-bordered, then runs the blocked
@@ -493,7 +537,7 @@ impl<S: Simd> FlatPanel for FloatPanel<'_, S> {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,fma")]
-unsafe fn row_avx512(img: &[f32], d: Dims, n: usize, y: usize, w: &[f32], blocks: std::ops::Range<usize>, buf: &mut Vec<f32>, dst: SharedMut) {
+unsafe fn row_avx512(img: Src, d: Dims, n: usize, y: usize, w: &[f32], blocks: std::ops::Range<usize>, buf: &mut Vec<f32>, dst: SharedMut) {
     // SAFETY: forwarded from the caller.
     unsafe {
         if d.w.is_multiple_of(WIDE * 16) {
@@ -512,7 +556,7 @@ const WIDE: usize = 4;
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn row_avx2(img: &[f32], d: Dims, n: usize, y: usize, w: &[f32], blocks: std::ops::Range<usize>, buf: &mut Vec<f32>, dst: SharedMut) {
+unsafe fn row_avx2(img: Src, d: Dims, n: usize, y: usize, w: &[f32], blocks: std::ops::Range<usize>, buf: &mut Vec<f32>, dst: SharedMut) {
     // SAFETY: forwarded from the caller.
     unsafe { output_row::<super::simd::Avx2, 2>(img, d, n, y, w, blocks, buf, dst) }
 }
@@ -523,7 +567,7 @@ unsafe fn row_avx2(img: &[f32], d: Dims, n: usize, y: usize, w: &[f32], blocks: 
 /// of which this call writes only row `y` of image `img`'s channels in `blocks`.
 #[inline(always)]
 unsafe fn output_row<S: Simd, const NV: usize>(
-    img: &[f32],
+    img: Src,
     d: Dims,
     n: usize,
     y: usize,
@@ -551,9 +595,18 @@ unsafe fn output_row<S: Simd, const NV: usize>(
                 r.fill(0.0);
                 continue;
             }
-            let src = &img[(ci * h + iy as usize) * w..(ci * h + iy as usize + 1) * w];
             r[0] = 0.0;
-            r[1..=w].copy_from_slice(src);
+            if img.up {
+                let (hs, ws) = (h / 2, w / 2);
+                let at = (ci * hs + iy as usize / 2) * ws;
+                for (pair, &v) in r[1..=w].chunks_exact_mut(2).zip(&img.data[at..at + ws]) {
+                    pair[0] = v;
+                    pair[1] = v;
+                }
+            } else {
+                let at = (ci * h + iy as usize) * w;
+                r[1..=w].copy_from_slice(&img.data[at..at + w]);
+            }
             r[w + 1..].fill(0.0);
         }
     }

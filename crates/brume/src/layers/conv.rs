@@ -48,9 +48,17 @@ impl Conv2d {
         self.forward_with(x, Fuse::default())
     }
 
+    /// The conv of `x`'s nearest-neighbour 2x upsampling (`Upsample2D`), with `fuse`.
+    /// Where the direct f32 kernel runs, the upsampled map is never formed: the conv
+    /// reads each value of `x` twice over, in rows and columns.
+    pub fn forward_upsampled(&self, x: &Tensor, fuse: Fuse) -> Result<Tensor> {
+        self.run(x, fuse, true)
+    }
+
     /// Whether `fuse`'s offset is [b, o] and its residual the output's shape.
-    fn fits(&self, x: &Tensor, fuse: &Fuse) -> Result<bool> {
+    fn fits(&self, x: &Tensor, fuse: &Fuse, upsample: bool) -> Result<bool> {
         let (b, _, h, w) = x.dims4()?;
+        let (h, w) = if upsample { (2 * h, 2 * w) } else { (h, w) };
         let o = match &self.weight {
             Param::Dense(t) => t.dim(0)?,
             Param::Mapped(m) => m.shape()[0],
@@ -68,6 +76,10 @@ impl Conv2d {
     /// CPU kernels run the conv, the bias and these are applied in place to its
     /// output ([`super::epilogue`]): no intermediate maps, the same values.
     pub fn forward_with(&self, x: &Tensor, fuse: Fuse) -> Result<Tensor> {
+        self.run(x, fuse, false)
+    }
+
+    fn run(&self, x: &Tensor, fuse: Fuse, upsample: bool) -> Result<Tensor> {
         let (bias, offset, residual) = (Held::new(self.bias.as_ref()), Held::new(fuse.offset), Held::new(fuse.residual));
         let act = match fuse.act {
             Some(a) => FusedAct::of(a).map(Some).ok_or(()),
@@ -75,14 +87,22 @@ impl Conv2d {
         };
         // `--kernels reference` keeps the plain ops, one after another; so do an offset
         // or residual that would broadcast (the epilogue takes exact shapes only).
-        let fused = crate::kernels::mode() == crate::kernels::KernelMode::Fast && self.fits(x, &fuse)?;
+        let fused = crate::kernels::mode() == crate::kernels::KernelMode::Fast && self.fits(x, &fuse, upsample)?;
         if let (true, Ok(bias), Ok(offset), Ok(residual), Ok(act)) = (fused, bias.f32(), offset.f32(), residual.f32(), act) {
             let epilogue = Epilogue { bias, offset, residual, act };
-            if let Some(y) = mapped::conv2d_param(x, &self.weight, self.cfg.stride, self.cfg.padding, !self.exact, epilogue)? {
+            if let Some(y) = mapped::conv2d_param(x, &self.weight, self.cfg.stride, self.cfg.padding, !self.exact, epilogue, upsample)? {
                 return Ok(y);
             }
         }
         drop((bias, offset, residual));
+        let upsampled;
+        let x = if upsample {
+            let (_, _, h, w) = x.dims4()?;
+            upsampled = x.upsample_nearest2d(2 * h, 2 * w)?;
+            &upsampled
+        } else {
+            x
+        };
         let y = match &self.weight {
             // Our kernels without the epilogue (a bias or residual that is not a
             // contiguous f32 CPU tensor, an activation it does not compute) ...

@@ -239,4 +239,45 @@ mod tests {
             }
         }
     }
+
+    /// A conv over the nearest 2x upsampling of its input, read in place, gives what
+    /// the conv of the formed upsampled map gives, to the bit: rows a multiple of 64
+    /// wide (4-vector blocks), other widths, maps that take the flat layout (formed
+    /// there), batches, f16-expanded weights, and with a fused residual and ReLU.
+    #[test]
+    fn upsampled_conv_equals_the_conv_of_the_upsampled_map() {
+        let dev = Device::Cpu;
+        let mut rng = crate::samplers::Rng::new(12);
+        // (in, out, batch, h, w) of the half-size input.
+        let cases = [(6, 8, 1, 32, 32), (5, 7, 2, 12, 24), (16, 13, 2, 4, 5), (3, 4, 1, 9, 40)];
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.safetensors");
+        let mut tensors = Vec::new();
+        for (i, &(c, o, ..)) in cases.iter().enumerate() {
+            let w = (rng.randn(&[o, c, 3, 3], &dev).unwrap() * 0.3).unwrap();
+            let b = rng.randn(&[o], &dev).unwrap();
+            let f32s = |t: &Tensor| flat(t).iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>();
+            let f16s = |t: &Tensor| flat(t).iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect::<Vec<u8>>();
+            tensors.push((format!("c{i}.weight"), StoredDType::F32, vec![o, c, 3, 3], f32s(&w)));
+            tensors.push((format!("c{i}.bias"), StoredDType::F32, vec![o], f32s(&b)));
+            tensors.push((format!("h{i}.weight"), StoredDType::F16, vec![o, c, 3, 3], f16s(&w)));
+            tensors.push((format!("h{i}.bias"), StoredDType::F32, vec![o], f32s(&b)));
+        }
+        write_safetensors(&path, &tensors, &Default::default()).unwrap();
+        let mut store = WeightStore::new(&path);
+        store.add_file(&SafetensorsFile::open(&path).unwrap()).unwrap();
+        let loader = store.loader("test", &dev, DType::F32);
+        for (i, &(c, o, b, h, w)) in cases.iter().enumerate() {
+            for prefix in ["c", "h"] {
+                let conv = Conv2d::load(&loader.root().pp(format!("{prefix}{i}")), c, o, Conv2dConfig::K3, true).unwrap();
+                let x = rng.randn(&[b, c, h, w], &dev).unwrap();
+                let up = x.upsample_nearest2d(2 * h, 2 * w).unwrap();
+                let want = conv.forward(&up).unwrap();
+                assert_eq!(flat(&conv.forward_upsampled(&x, Fuse::default()).unwrap()), flat(&want), "{prefix}{i}");
+                let residual = rng.randn(want.dims(), &dev).unwrap();
+                let fuse = Fuse { residual: Some(&residual), act: Some(Activation::Relu), ..Fuse::default() };
+                assert_eq!(flat(&conv.forward_upsampled(&x, fuse).unwrap()), flat(&conv.forward_with(&up, fuse).unwrap()), "{prefix}{i} fused");
+            }
+        }
+    }
 }

@@ -347,6 +347,9 @@ struct ConvOp<'a> {
     bf16: bool,
     /// Bias, offset, residual and activation, applied to the output in place.
     epilogue: Epilogue<'a>,
+    /// Convolve the nearest-neighbour 2x upsampling of the input (a decoder's
+    /// `Upsample2D`): formed only where the direct kernel cannot read it in place.
+    upsample: bool,
 }
 
 impl CustomOp1 for ConvOp<'_> {
@@ -357,6 +360,7 @@ impl CustomOp1 for ConvOp<'_> {
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
         let x = input_f32(storage, layout)?;
         let (b, c, h, w) = layout.shape().dims4()?;
+        let (h, w) = if self.upsample { (2 * h, 2 * w) } else { (h, w) };
         let ws = self.w.shape();
         let (o, wc, kh, kw) = (ws[0], ws[1], ws[2], ws[3]);
         if c != wc {
@@ -371,6 +375,16 @@ impl CustomOp1 for ConvOp<'_> {
         let hw = ho * wo;
         let geom = ConvGeom { b, c, h, w, kh, kw, s, p, ho, wo };
         let mut dst = vec![0f32; b * o * hw];
+        // The direct f32 kernel reads the half-size map itself; every other path gets
+        // the upsampled map.
+        let in_place_up = self.upsample && direct_upsampled(geom, self.bf16);
+        let upsampled;
+        let x = if self.upsample && !in_place_up {
+            upsampled = nearest2x(x, b * c, h / 2, w / 2);
+            &upsampled[..]
+        } else {
+            x
+        };
         if let (View::Mapped(m), true) = (self.w, self.bf16 && crate::kernels::bf16_copies_for(candle_core::DType::F32)) {
             if conv_bf16_cached(x, geom, m, o, &mut dst)? {
                 self.epilogue.apply(&mut dst, o, hw)?;
@@ -378,10 +392,38 @@ impl CustomOp1 for ConvOp<'_> {
             }
         }
         let mut cols = Vec::new();
-        by_blocks(&self.w, self.block, hw, &mut dst, |ob, w, out| conv_into(x, geom, ob, w, self.bf16, &mut cols, out))?;
+        by_blocks(&self.w, self.block, hw, &mut dst, |ob, w, out| conv_into(x, geom, ob, w, self.bf16, in_place_up, &mut cols, out))?;
         self.epilogue.apply(&mut dst, o, hw)?;
         Ok((CpuStorage::F32(dst), Shape::from((b, o, ho, wo))))
     }
+}
+
+/// Whether the conv of `g` (its input size already the upsampled one) runs the direct
+/// f32 3x3 kernel on rows, which reads an upsampled input in place
+/// ([`crate::kernels::conv3x3::run_upsampled`]); `bf16` as [`ConvOp`]'s.
+/// (Opt-in Winograd is not taken for these.)
+fn direct_upsampled(g: ConvGeom, bf16: bool) -> bool {
+    (g.kh, g.kw, g.s, g.p) == (3, 3, 1, 1)
+        && fast()
+        && !(bf16 && crate::kernels::compute() == crate::kernels::Compute::Bf16)
+        && crate::kernels::conv3x3::Flat::plan(g.b, g.c, g.h, g.w, 2 * crate::kernels::isa().lanes()).is_none()
+}
+
+/// `planes` maps of h x w, each value repeated into a 2 x 2 block.
+fn nearest2x(x: &[f32], planes: usize, h: usize, w: usize) -> Vec<f32> {
+    use rayon::prelude::*;
+    let mut out = vec![0f32; planes * 4 * h * w];
+    out.par_chunks_mut(4 * h * w).zip(x.par_chunks(h * w)).for_each(|(dst, src)| {
+        for (y, row) in src.chunks_exact(w).enumerate() {
+            let (top, bottom) = dst[2 * y * 2 * w..(2 * y + 2) * 2 * w].split_at_mut(2 * w);
+            for (pair, &v) in top.chunks_exact_mut(2).zip(row) {
+                pair[0] = v;
+                pair[1] = v;
+            }
+            bottom.copy_from_slice(top);
+        }
+    });
+    out
 }
 
 /// The sizes of one convolution call (input, kernel, stride, padding, output).
@@ -444,12 +486,20 @@ fn conv_bf16_cached(x: &[f32], g: ConvGeom, m: &MappedF32, o: usize, out: &mut [
 }
 
 /// `out [b, o, ho, wo]` = conv(`x`, `weights` [o, c, kh, kw]); `cols` is the reused
-/// patch buffer of the im2col path; `bf16`: whether bf16 compute may round the factors.
+/// patch buffer of the im2col path; `bf16`: whether bf16 compute may round the factors;
+/// `up`: `x` is the half-size map of an upsampled input ([`direct_upsampled`] holds).
 #[allow(clippy::too_many_arguments)]
-fn conv_into(x: &[f32], g: ConvGeom, o: usize, weights: &[f32], bf16: bool, cols: &mut Vec<f32>, out: &mut [f32]) -> Result<()> {
+fn conv_into(x: &[f32], g: ConvGeom, o: usize, weights: &[f32], bf16: bool, up: bool, cols: &mut Vec<f32>, out: &mut [f32]) -> Result<()> {
     let bf16 = bf16 && crate::kernels::compute() == crate::kernels::Compute::Bf16;
     let ConvGeom { b, c, h, w, kh, kw, s, p, ho, wo } = g;
     let (hw, ck) = (ho * wo, c * kh * kw);
+    if up {
+        let d = crate::kernels::conv3x3::Dims { batch: b, in_ch: c, out_ch: o, h, w };
+        if !crate::kernels::conv3x3::run_upsampled(crate::kernels::isa(), x, d, weights, out)? {
+            candle_core::bail!("conv over an upsampled map: {d:?} takes no in-place path");
+        }
+        return Ok(());
+    }
     if (kh, kw, s, p) == (3, 3, 1, 1) && fast() {
         let d = crate::kernels::conv3x3::Dims { batch: b, in_ch: c, out_ch: o, h, w };
         return if bf16 {
@@ -541,16 +591,18 @@ fn im2col(img: &[f32], c: usize, h: usize, w: usize, kh: usize, kw: usize, s: us
 
 /// `bf16`: whether bf16 compute may round the factors (see [`super::Conv2d`]).
 pub fn conv2d(x: &Tensor, w: &MappedF32, stride: usize, padding: usize, bf16: bool) -> Result<Tensor> {
-    conv_view(x, View::Mapped(w), stride, padding, EXPAND_BLOCK_VALUES, bf16, Epilogue::default())
+    conv_view(x, View::Mapped(w), stride, padding, EXPAND_BLOCK_VALUES, bf16, Epilogue::default(), false)
 }
 
 /// 2-D convolution with a packed kernel, expanded for the call.
 pub fn conv2d_packed(x: &Tensor, w: &super::packed::PackedWeight, stride: usize, padding: usize, bf16: bool) -> Result<Tensor> {
-    conv_view(x, View::Packed(w), stride, padding, EXPAND_BLOCK_VALUES, bf16, Epilogue::default())
+    conv_view(x, View::Packed(w), stride, padding, EXPAND_BLOCK_VALUES, bf16, Epilogue::default(), false)
 }
 
-/// A conv layer's f32 CPU call with its epilogue: `None` when the weight has no such
-/// path for `x` (another dtype or device), and the layer runs candle's ops.
+/// A conv layer's f32 CPU call with its epilogue, on `x` or (`upsample`) its nearest
+/// 2x upsampling: `None` when the weight has no such path for `x` (another dtype or
+/// device), and the layer runs candle's ops.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn conv2d_param(
     x: &Tensor,
     w: &super::Param,
@@ -558,22 +610,24 @@ pub(crate) fn conv2d_param(
     padding: usize,
     bf16: bool,
     epilogue: Epilogue,
+    upsample: bool,
 ) -> Result<Option<Tensor>> {
     use super::Param;
     let f32_input = x.dtype() == candle_core::DType::F32;
+    let e = EXPAND_BLOCK_VALUES;
     match w {
-        Param::Mapped(m) if f32_input => conv_view(x, View::Mapped(m), stride, padding, EXPAND_BLOCK_VALUES, bf16, epilogue).map(Some),
-        Param::Packed(p) if f32_input => conv_view(x, View::Packed(p), stride, padding, EXPAND_BLOCK_VALUES, bf16, epilogue).map(Some),
+        Param::Mapped(m) if f32_input => conv_view(x, View::Mapped(m), stride, padding, e, bf16, epilogue, upsample).map(Some),
+        Param::Packed(p) if f32_input => conv_view(x, View::Packed(p), stride, padding, e, bf16, epilogue, upsample).map(Some),
         Param::Dense(t) if crate::kernels::use_fast(x) && t.dtype() == x.dtype() && matches!(t.device(), candle_core::Device::Cpu) => {
-            conv_dense(x, t, stride, padding, bf16, epilogue).map(Some)
+            conv_dense(x, t, stride, padding, bf16, epilogue, upsample).map(Some)
         }
         _ => Ok(None),
     }
 }
 
 #[allow(clippy::too_many_arguments)]
-fn conv_view(x: &Tensor, w: View, stride: usize, padding: usize, block: usize, bf16: bool, epilogue: Epilogue) -> Result<Tensor> {
-    x.contiguous()?.apply_op1_no_bwd(&ConvOp { w, stride, padding, block, bf16, epilogue })
+fn conv_view(x: &Tensor, w: View, stride: usize, padding: usize, block: usize, bf16: bool, epilogue: Epilogue, upsample: bool) -> Result<Tensor> {
+    x.contiguous()?.apply_op1_no_bwd(&ConvOp { w, stride, padding, block, bf16, epilogue, upsample })
 }
 
 /// [`linear_packed`] expanding at most `block` values at a time (tests of the split path).
@@ -591,7 +645,7 @@ pub(crate) fn conv2d_packed_in_blocks(
     padding: usize,
     block: usize,
 ) -> Result<Tensor> {
-    conv_view(x, View::Packed(w), stride, padding, block, true, Epilogue::default())
+    conv_view(x, View::Packed(w), stride, padding, block, true, Epilogue::default(), false)
 }
 
 /// 2-D convolution with a dense f32 CPU kernel, through the same im2col + GEMM
@@ -600,17 +654,17 @@ pub(crate) fn conv2d_packed_in_blocks(
 /// a band of rows at a time.
 /// `bf16`: whether bf16 compute may round the factors.
 pub fn conv2d_dense(x: &Tensor, w: &Tensor, stride: usize, padding: usize, bf16: bool) -> Result<Tensor> {
-    conv_dense(x, w, stride, padding, bf16, Epilogue::default())
+    conv_dense(x, w, stride, padding, bf16, Epilogue::default(), false)
 }
 
-fn conv_dense(x: &Tensor, w: &Tensor, stride: usize, padding: usize, bf16: bool, epilogue: Epilogue) -> Result<Tensor> {
+fn conv_dense(x: &Tensor, w: &Tensor, stride: usize, padding: usize, bf16: bool, epilogue: Epilogue, upsample: bool) -> Result<Tensor> {
     let w = w.contiguous()?;
     let (storage, layout) = w.storage_and_layout();
     let candle_core::Storage::Cpu(cpu) = &*storage else {
         candle_core::bail!("dense conv kernel: the weight is not on the CPU");
     };
     let data = input_f32(cpu, layout)?;
-    conv_view(x, View::Slice(data, w.dims()), stride, padding, EXPAND_BLOCK_VALUES, bf16, epilogue)
+    conv_view(x, View::Slice(data, w.dims()), stride, padding, EXPAND_BLOCK_VALUES, bf16, epilogue, upsample)
 }
 
 /// Gathers rows of a mapped [rows, dim] table.

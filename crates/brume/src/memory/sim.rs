@@ -31,11 +31,15 @@ pub struct Kernels {
     /// (`kernels::winograd`, opt-in), whose transformed kernel and chunk of transformed input
     /// and products live for the call.
     pub winograd: bool,
+    /// An upsampler's conv with f32 products on the row layout reads the half-size map
+    /// in place (`kernels::conv3x3::run_upsampled`): the doubled map is never formed.
+    pub upsample_in_place: bool,
 }
 
 impl Kernels {
     /// candle's plain ops (`--kernels reference`, other devices, non-f32 compute).
-    pub const REFERENCE: Self = Self { fused_norm: false, fused_attention: false, direct_conv: false, bf16_attention: None, winograd: false };
+    pub const REFERENCE: Self =
+        Self { fused_norm: false, fused_attention: false, direct_conv: false, bf16_attention: None, winograd: false, upsample_in_place: false };
 
     /// What this process runs on the CPU for activations of `dtype`, by the
     /// layers' own rules (`kernels::fast_for`, `kernels::fused_attention_on_cpu`).
@@ -44,7 +48,8 @@ impl Kernels {
         let fused_attention = crate::kernels::fused_attention_on_cpu();
         let bf16_attention = if fused_attention { crate::kernels::bf16_attention() } else { None };
         let winograd = fast && crate::kernels::compute() == crate::kernels::Compute::F32 && crate::kernels::winograd::enabled();
-        Self { fused_norm: fast, fused_attention, direct_conv: fast, bf16_attention, winograd }
+        let upsample_in_place = fast && crate::kernels::compute() == crate::kernels::Compute::F32;
+        Self { fused_norm: fast, fused_attention, direct_conv: fast, bf16_attention, winograd, upsample_in_place }
     }
 }
 
@@ -375,8 +380,16 @@ pub fn text_encoder(cfg: &ClipTextConfig, b: usize, tokens: usize, s: usize, ker
 
 /// Nearest 2x upsample then its 3x3 conv: the doubled map, the conv's patch
 /// buffer while it runs, its output; the input and the upsampled map are freed.
+/// Where the conv reads the half-size map in place, only its scratch and output.
 fn upsample(sim: &mut Sim, m: Map, c: usize) -> Map {
     let up = m.double();
+    let rows = crate::kernels::conv3x3::Flat::plan(up.b as usize, c, up.h as usize, up.w as usize, 2 * crate::kernels::isa().lanes()).is_none();
+    if sim.kernels.upsample_in_place && rows {
+        sim.spike(up.ch(c) + sim.conv3(c as u64, c as u64, up));
+        sim.alloc(up.ch(c));
+        sim.free(m.ch(c));
+        return up;
+    }
     sim.alloc(up.ch(c));
     sim.spike(up.ch(c) + sim.conv3(c as u64, c as u64, up));
     sim.alloc(up.ch(c));

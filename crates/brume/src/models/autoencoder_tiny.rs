@@ -110,8 +110,9 @@ impl TinyBlock {
 }
 
 enum Layer {
-    /// A conv and the activation layer that follows it, applied as one op.
-    Conv(Conv2d, Option<Activation>),
+    /// A conv and the activation layer that follows it, applied as one op; `true`:
+    /// on the nearest 2x upsampling of the input (the upsampling layer before it).
+    Conv(Conv2d, Option<Activation>, bool),
     Block(TinyBlock),
     Act(Activation),
     Upsample(usize),
@@ -120,7 +121,8 @@ enum Layer {
 impl Layer {
     fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         match self {
-            Layer::Conv(c, act) => c.forward_with(x, Fuse { act: *act, ..Fuse::default() }),
+            Layer::Conv(c, act, false) => c.forward_with(x, Fuse { act: *act, ..Fuse::default() }),
+            Layer::Conv(c, act, true) => c.forward_upsampled(x, Fuse { act: *act, ..Fuse::default() }),
             Layer::Block(b) => b.forward(x),
             Layer::Act(a) => a.forward(x),
             Layer::Upsample(f) => {
@@ -157,7 +159,13 @@ impl<'a> Sequential<'a> {
             padding: 1,
         };
         let c = Conv2d::load(&self.next(), i, o, cfg, bias)?;
-        self.layers.push(Layer::Conv(c, None));
+        // A 2x upsampling right before a stride-1 conv is read by the conv in place.
+        if stride == 1 && matches!(self.layers.last(), Some(Layer::Upsample(2))) {
+            self.layers.pop();
+            self.layers.push(Layer::Conv(c, None, true));
+        } else {
+            self.layers.push(Layer::Conv(c, None, false));
+        }
         Ok(())
     }
 
@@ -165,7 +173,7 @@ impl<'a> Sequential<'a> {
     fn act(&mut self, act: Activation) {
         self.index += 1;
         match self.layers.last_mut() {
-            Some(Layer::Conv(_, slot @ None)) => *slot = Some(act),
+            Some(Layer::Conv(_, slot @ None, _)) => *slot = Some(act),
             _ => self.layers.push(Layer::Act(act)),
         }
     }
