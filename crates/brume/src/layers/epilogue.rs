@@ -182,19 +182,14 @@ mod tests {
         t.flatten_all().unwrap().to_vec1::<f32>().unwrap()
     }
 
-    /// The fused conv gives the unfused ops' values to the bit, for every kernel
-    /// path (3x3 on wide rows and on the flat layout, strided, 1x1; weights in place
-    /// and expanded from f16), every fused activation and one it leaves separate.
-    #[test]
-    fn fused_conv_equals_the_separate_ops_bit_for_bit() {
+    /// A weight file with, per (in, out, kernel), conv `c{i}` (f32, used in place) and
+    /// `h{i}` (the same weights in f16, expanded per call), each with an f32 bias.
+    fn store_of(kernels: &[(usize, usize, usize)], rng: &mut crate::samplers::Rng) -> (tempfile::TempDir, WeightStore) {
         let dev = Device::Cpu;
-        let mut rng = crate::samplers::Rng::new(11);
-        // (in, out, kernel, stride, padding, batch, h, w)
-        let cases = [(5, 7, 3, 1, 1, 2, 64, 64), (16, 13, 3, 1, 1, 2, 9, 11), (6, 8, 3, 2, 1, 1, 13, 10), (12, 9, 1, 1, 0, 2, 7, 5)];
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("w.safetensors");
         let mut tensors = Vec::new();
-        for (i, &(c, o, k, ..)) in cases.iter().enumerate() {
+        for (i, &(c, o, k)) in kernels.iter().enumerate() {
             let w = (rng.randn(&[o, c, k, k], &dev).unwrap() * 0.3).unwrap();
             let b = rng.randn(&[o], &dev).unwrap();
             let f32s = |t: &Tensor| flat(t).iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>();
@@ -207,6 +202,20 @@ mod tests {
         write_safetensors(&path, &tensors, &Default::default()).unwrap();
         let mut store = WeightStore::new(&path);
         store.add_file(&SafetensorsFile::open(&path).unwrap()).unwrap();
+        (dir, store)
+    }
+
+    /// The fused conv gives the unfused ops' values to the bit, for every kernel
+    /// path (3x3 on wide rows and on the flat layout, strided, 1x1; weights in place
+    /// and expanded from f16), every fused activation and one it leaves separate.
+    #[test]
+    fn fused_conv_equals_the_separate_ops_bit_for_bit() {
+        let dev = Device::Cpu;
+        let mut rng = crate::samplers::Rng::new(11);
+        // (in, out, kernel, stride, padding, batch, h, w)
+        let cases = [(5, 7, 3, 1, 1, 2, 64, 64), (16, 13, 3, 1, 1, 2, 9, 11), (6, 8, 3, 2, 1, 1, 13, 10), (12, 9, 1, 1, 0, 2, 7, 5)];
+        let kernels: Vec<_> = cases.iter().map(|&(c, o, k, ..)| (c, o, k)).collect();
+        let (_dir, store) = store_of(&kernels, &mut rng);
         let loader = store.loader("test", &dev, DType::F32);
         for (i, &(c, o, k, s, p, b, h, w)) in cases.iter().enumerate() {
             let cfg = Conv2dConfig { kernel: k, stride: s, padding: p };
@@ -250,22 +259,8 @@ mod tests {
         let mut rng = crate::samplers::Rng::new(12);
         // (in, out, batch, h, w) of the half-size input.
         let cases = [(6, 8, 1, 32, 32), (5, 7, 2, 12, 24), (16, 13, 2, 4, 5), (3, 4, 1, 9, 40)];
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("w.safetensors");
-        let mut tensors = Vec::new();
-        for (i, &(c, o, ..)) in cases.iter().enumerate() {
-            let w = (rng.randn(&[o, c, 3, 3], &dev).unwrap() * 0.3).unwrap();
-            let b = rng.randn(&[o], &dev).unwrap();
-            let f32s = |t: &Tensor| flat(t).iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>();
-            let f16s = |t: &Tensor| flat(t).iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect::<Vec<u8>>();
-            tensors.push((format!("c{i}.weight"), StoredDType::F32, vec![o, c, 3, 3], f32s(&w)));
-            tensors.push((format!("c{i}.bias"), StoredDType::F32, vec![o], f32s(&b)));
-            tensors.push((format!("h{i}.weight"), StoredDType::F16, vec![o, c, 3, 3], f16s(&w)));
-            tensors.push((format!("h{i}.bias"), StoredDType::F32, vec![o], f32s(&b)));
-        }
-        write_safetensors(&path, &tensors, &Default::default()).unwrap();
-        let mut store = WeightStore::new(&path);
-        store.add_file(&SafetensorsFile::open(&path).unwrap()).unwrap();
+        let kernels: Vec<_> = cases.iter().map(|&(c, o, ..)| (c, o, 3)).collect();
+        let (_dir, store) = store_of(&kernels, &mut rng);
         let loader = store.loader("test", &dev, DType::F32);
         for (i, &(c, o, b, h, w)) in cases.iter().enumerate() {
             for prefix in ["c", "h"] {
