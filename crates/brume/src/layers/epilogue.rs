@@ -249,6 +249,41 @@ mod tests {
         }
     }
 
+    /// A linear layer's bias, added in place by the product's op, gives the separate
+    /// add's values to the bit (weights in place and f16-expanded; 3-D input).
+    #[test]
+    fn linear_bias_in_place_equals_the_separate_add() {
+        use crate::layers::Linear;
+        let dev = Device::Cpu;
+        let mut rng = crate::samplers::Rng::new(13);
+        let (k, n) = (40, 24);
+        let w = rng.randn(&[n, k], &dev).unwrap();
+        let b = rng.randn(&[n], &dev).unwrap();
+        let f32s = |t: &Tensor| flat(t).iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>();
+        let f16s = |t: &Tensor| flat(t).iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect::<Vec<u8>>();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.safetensors");
+        let tensors = vec![
+            ("l.weight".to_string(), StoredDType::F32, vec![n, k], f32s(&w)),
+            ("l.bias".to_string(), StoredDType::F32, vec![n], f32s(&b)),
+            ("h.weight".to_string(), StoredDType::F16, vec![n, k], f16s(&w)),
+            ("h.bias".to_string(), StoredDType::F32, vec![n], f32s(&b)),
+        ];
+        write_safetensors(&path, &tensors, &Default::default()).unwrap();
+        let mut store = WeightStore::new(&path);
+        store.add_file(&SafetensorsFile::open(&path).unwrap()).unwrap();
+        let loader = store.loader("test", &dev, DType::F32);
+        let x = rng.randn(&[3, 7, k], &dev).unwrap();
+        for name in ["l", "h"] {
+            let with = Linear::load(&loader.root().pp(name), k, n, true).unwrap();
+            let without = Linear::load(&loader.root().pp(name), k, n, false).unwrap();
+            let want = without.forward(&x).unwrap().broadcast_add(&b).unwrap();
+            let got = with.forward(&x).unwrap();
+            assert_eq!(got.dims(), &[3, 7, n]);
+            assert_eq!(flat(&got), flat(&want), "{name}");
+        }
+    }
+
     /// A conv over the nearest 2x upsampling of its input, read in place, gives what
     /// the conv of the formed upsampled map gives, to the bit: rows a multiple of 64
     /// wide (4-vector blocks), other widths, maps that take the flat layout (formed

@@ -43,6 +43,19 @@ impl Linear {
         let dims = x.dims().to_vec();
         let rows: usize = dims[..dims.len() - 1].iter().product();
         let x2 = x.reshape((rows, self.in_features))?;
+        let mut out = dims;
+        if let Some(last) = out.last_mut() {
+            *last = self.out_features;
+        }
+        // Our kernels add the bias in place (`--kernels reference`: the separate op).
+        if crate::kernels::mode() == crate::kernels::KernelMode::Fast {
+            let held = super::epilogue::Held::new(self.bias.as_ref());
+            if let Ok(bias) = held.f32() {
+                if let Some(y) = mapped::linear_param(&x2, &self.weight, !self.exact, bias)? {
+                    return y.reshape(out);
+                }
+            }
+        }
         let y = match &self.weight {
             Param::Mapped(m) if x2.dtype() == candle_core::DType::F32 => mapped::linear(&x2, m, !self.exact)?,
             Param::Mapped(m) => x2.matmul(&m.to_tensor(x2.device())?.t()?)?,
@@ -54,10 +67,6 @@ impl Linear {
             Some(b) => y.broadcast_add(b)?,
             None => y,
         };
-        let mut out = dims;
-        if let Some(last) = out.last_mut() {
-            *last = self.out_features;
-        }
         y.reshape(out)
     }
 }
