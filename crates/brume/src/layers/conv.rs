@@ -103,18 +103,17 @@ impl Conv2d {
         } else {
             x
         };
-        let y = match &self.weight {
-            // Our kernels without the epilogue (a bias or residual that is not a
-            // contiguous f32 CPU tensor, an activation it does not compute) ...
-            Param::Mapped(m) if x.dtype() == candle_core::DType::F32 => mapped::conv2d(x, m, self.cfg.stride, self.cfg.padding, !self.exact)?,
-            Param::Packed(p) if x.dtype() == candle_core::DType::F32 => mapped::conv2d_packed(x, p, self.cfg.stride, self.cfg.padding, !self.exact)?,
-            Param::Dense(t) if crate::kernels::use_fast(x) && t.dtype() == x.dtype() && matches!(t.device(), candle_core::Device::Cpu) => {
-                mapped::conv2d_dense(x, t, self.cfg.stride, self.cfg.padding, !self.exact)?
-            }
-            // ... or candle's (other dtypes and devices, `--kernels reference`).
-            Param::Mapped(m) => x.conv2d(&m.to_tensor(x.device())?, self.cfg.padding, self.cfg.stride, 1, 1)?,
-            Param::Packed(p) => x.conv2d(&p.to_tensor(x.device())?.to_dtype(x.dtype())?, self.cfg.padding, self.cfg.stride, 1, 1)?,
-            Param::Dense(t) => x.conv2d(t, self.cfg.padding, self.cfg.stride, 1, 1)?,
+        // Our kernels without the epilogue (a bias or residual that is not a contiguous
+        // f32 CPU tensor, an activation it does not compute), or candle's (other dtypes
+        // and devices, `--kernels reference`).
+        let (stride, padding) = (self.cfg.stride, self.cfg.padding);
+        let y = match mapped::conv2d_param(x, &self.weight, stride, padding, !self.exact, Epilogue::default(), false)? {
+            Some(y) => y,
+            None => match &self.weight {
+                Param::Mapped(m) => x.conv2d(&m.to_tensor(x.device())?, padding, stride, 1, 1)?,
+                Param::Packed(p) => x.conv2d(&p.to_tensor(x.device())?.to_dtype(x.dtype())?, padding, stride, 1, 1)?,
+                Param::Dense(t) => x.conv2d(t, padding, stride, 1, 1)?,
+            },
         };
         let y = match &self.bias {
             Some(b) => y.broadcast_add(&b.reshape((1, b.dim(0)?, 1, 1))?)?,

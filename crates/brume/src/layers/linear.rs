@@ -56,12 +56,13 @@ impl Linear {
                 }
             }
         }
-        let y = match &self.weight {
-            Param::Mapped(m) if x2.dtype() == candle_core::DType::F32 => mapped::linear(&x2, m, !self.exact)?,
-            Param::Mapped(m) => x2.matmul(&m.to_tensor(x2.device())?.t()?)?,
-            Param::Packed(p) if x2.dtype() == candle_core::DType::F32 => mapped::linear_packed(&x2, p, !self.exact)?,
-            Param::Packed(p) => x2.matmul(&p.to_tensor(x2.device())?.to_dtype(x2.dtype())?.t()?)?,
-            Param::Dense(t) => x2.matmul(&t.t()?)?,
+        let y = match mapped::linear_param(&x2, &self.weight, !self.exact, None)? {
+            Some(y) => y,
+            None => match &self.weight {
+                Param::Mapped(m) => x2.matmul(&m.to_tensor(x2.device())?.t()?)?,
+                Param::Packed(p) => x2.matmul(&p.to_tensor(x2.device())?.to_dtype(x2.dtype())?.t()?)?,
+                Param::Dense(t) => x2.matmul(&t.t()?)?,
+            },
         };
         let y = match &self.bias {
             Some(b) => y.broadcast_add(b)?,
