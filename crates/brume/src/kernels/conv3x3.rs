@@ -399,7 +399,7 @@ pub(crate) fn run_upsampled(isa: Isa, x: &[f32], d: Dims, weights: &[f32], out: 
     if weights.len() != o * c * 9 || out.len() != batch * o * h * w {
         candle_core::bail!("conv3x3 (upsampled): buffer sizes do not match {d:?}");
     }
-    if Flat::plan(batch, c, h, w, 2 * isa.lanes()).is_some() {
+    if !reads_upsampled(isa, batch, c, h, w) {
         return Ok(false);
     }
     if out.is_empty() {
@@ -411,6 +411,13 @@ pub(crate) fn run_upsampled(isa: Isa, x: &[f32], d: Dims, weights: &[f32], out: 
     }
     rows(isa, x, d, weights, out, true);
     Ok(true)
+}
+
+/// Whether [`run_upsampled`] reads the half-size map of `batch` upsampled h x w maps
+/// of `channels` in place on `isa`: where the output takes the row layout. The layers
+/// and the memory estimator ask this too.
+pub(crate) fn reads_upsampled(isa: Isa, batch: usize, channels: usize, h: usize, w: usize) -> bool {
+    Flat::plan(batch, channels, h, w, 2 * isa.lanes()).is_none()
 }
 
 /// The row layout's tasks over `x`: the input itself, or (`up`) its half-size map.

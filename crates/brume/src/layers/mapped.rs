@@ -445,7 +445,7 @@ fn direct_upsampled(g: ConvGeom, bf16: bool) -> bool {
     (g.kh, g.kw, g.s, g.p) == (3, 3, 1, 1)
         && fast()
         && !(bf16 && crate::kernels::compute() == crate::kernels::Compute::Bf16)
-        && crate::kernels::conv3x3::Flat::plan(g.b, g.c, g.h, g.w, 2 * crate::kernels::isa().lanes()).is_none()
+        && crate::kernels::conv3x3::reads_upsampled(crate::kernels::isa(), g.b, g.c, g.h, g.w)
 }
 
 /// `planes` maps of h x w, each value repeated into a 2 x 2 block.

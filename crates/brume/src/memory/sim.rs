@@ -383,16 +383,12 @@ pub fn text_encoder(cfg: &ClipTextConfig, b: usize, tokens: usize, s: usize, ker
 /// Where the conv reads the half-size map in place, only its scratch and output.
 fn upsample(sim: &mut Sim, m: Map, c: usize) -> Map {
     let up = m.double();
-    let rows = crate::kernels::conv3x3::Flat::plan(up.b as usize, c, up.h as usize, up.w as usize, 2 * crate::kernels::isa().lanes()).is_none();
-    if sim.kernels.upsample_in_place && rows {
-        sim.spike(up.ch(c) + sim.conv3(c as u64, c as u64, up));
-        sim.alloc(up.ch(c));
-        sim.free(m.ch(c));
-        return up;
-    }
-    sim.alloc(up.ch(c));
+    let (b, h, w) = (up.b as usize, up.h as usize, up.w as usize);
+    let formed = !(sim.kernels.upsample_in_place && crate::kernels::conv3x3::reads_upsampled(crate::kernels::isa(), b, c, h, w));
+    let doubled = if formed { up.ch(c) } else { 0 };
+    sim.alloc(doubled);
     sim.spike(up.ch(c) + sim.conv3(c as u64, c as u64, up));
     sim.alloc(up.ch(c));
-    sim.free(up.ch(c) + m.ch(c));
+    sim.free(doubled + m.ch(c));
     up
 }
