@@ -182,9 +182,8 @@ struct ImageRun {
     text: brume::models::clip::ClipTextModel,
     unet: brume::models::unet_2d_condition::UNet2DConditionModel,
     decoder: brume::pipelines::model::AnyVaeDecoder,
-    /// [1, 77] token ids of the prompt and of the empty prompt.
-    ids: Tensor,
-    uncond_ids: Tensor,
+    /// The prompt; the negative prompt, when guided, is the empty one.
+    prompt: &'static str,
     /// The initial noise, before the sampler's `init_noise_sigma`.
     noise: Tensor,
     steps: usize,
@@ -194,6 +193,7 @@ struct ImageRun {
 impl ImageRun {
     /// The decoded image in [0, 1], as brume writes it.
     fn run(&self, model: &SdModel) -> anyhow::Result<Tensor> {
+        use brume::pipelines::conditioning::encode_prompt;
         use brume::pipelines::{denoise::denoise, Conditioning, Flow, GenerationRequest, RunOptions};
         let (_, _, h, _) = self.noise.dims4()?;
         let req = GenerationRequest {
@@ -203,8 +203,9 @@ impl ImageRun {
             ..GenerationRequest::new("", h * model.vae_config.scale_factor())
         };
         let guided = req.guided(model);
-        let cond = self.text.forward(&self.ids, 0)?.hidden;
-        let context = if guided { Tensor::cat(&[&self.text.forward(&self.uncond_ids, 0)?.hidden, &cond], 0)? } else { cond };
+        let encode = |text: &str| encode_prompt(model, &self.text, text, 0, &Device::Cpu);
+        let cond = encode(self.prompt)?;
+        let context = if guided { Tensor::cat(&[&encode("")?, &cond], 0)? } else { cond };
         let conditioning = Conditioning { context, guided, kv: brume::models::attention::KvCache::new(), encode_time: Duration::ZERO };
         let mut sampler = req.build_sampler(model)?;
         let latents = (&self.noise * sampler.init_noise_sigma())?;
@@ -265,18 +266,16 @@ fn load(model: &SdModel, c: &Component, dev: &Device, work: &Path) -> anyhow::Re
             let (steps, guidance) = c.image_recipe();
             let f = model.vae_config.scale_factor();
             let noise = rng.randn(&[1, model.vae_config.latent_channels(), c.size / f, c.size / f], dev)?;
-            let tokens = |text: &str| model.tokenizer.encode_padded(text);
-            let (ids, uncond) = (tokens("a red fox in a snowy forest, oil painting"), tokens(""));
-            ids_input(work, format!("{}.ids.in", c.name), &ids, &mut inputs)?;
-            ids_input(work, format!("{}.uncond_ids.in", c.name), &uncond, &mut inputs)?;
+            let prompt = "a red fox in a snowy forest, oil painting";
+            // The peers take the token ids brume's tokenizer makes of both prompts.
+            ids_input(work, format!("{}.ids.in", c.name), &model.tokenizer.encode_padded(prompt), &mut inputs)?;
+            ids_input(work, format!("{}.uncond_ids.in", c.name), &model.tokenizer.encode_padded(""), &mut inputs)?;
             f32_input("noise", &noise, &mut inputs)?;
-            let as_tensor = |v: Vec<u32>| Tensor::from_vec(v.clone(), (1, v.len()), dev);
             Loaded::Image(Box::new(ImageRun {
                 text: model.text_encoder(dev, DType::F32)?,
                 unet: model.unet(dev, DType::F32)?,
                 decoder: model.vae_decoder(dev, DType::F32)?,
-                ids: as_tensor(ids)?,
-                uncond_ids: as_tensor(uncond)?,
+                prompt,
                 noise,
                 steps,
                 guidance,
