@@ -39,25 +39,23 @@ pub fn mib(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / (1024.0 * 1024.0))
 }
 
-/// A global allocator that counts the live heap bytes and their peak, and keeps
-/// freed large blocks for reuse as long as that never raises the peak.
+/// A global allocator that counts the live heap bytes and their peak, and serves
+/// large blocks from pages it keeps resident as long as that never raises the peak.
 ///
 /// Counting: the kernel keeps a peak of RSS but none of private dirty memory, and
 /// a sampler misses spikes shorter than its interval (a GroupNorm's temporaries
 /// live for one op). Every tensor is a heap allocation, so counting at the
 /// allocator gives the exact peak of what the estimator predicts.
 ///
-/// Reuse: the system allocator maps each large tensor afresh and unmaps it when
-/// it is dropped, so every step of a UNet faults its activations in again page by
-/// page (a bf16 SD 1.5 step at 512 px on two cores faulted ~3.9 GB, a quarter of its
-/// time in the kernel). A denoising loop asks for the same sizes every step, so
-/// freed blocks of at least [`REUSE_MIN`] bytes are kept and handed out again for
-/// the same size. The rule that keeps memory reports and budgets true: kept bytes
-/// plus live bytes never exceed the counted peak, so private memory stays within
-/// what the count reports and the estimator predicts; a block is released to the
-/// system instead when keeping it would break that, blocks are released before a
-/// new allocation would, and [`reset_heap_peak`] and [`release_reused_blocks`]
-/// release them all.
+/// Reuse: blocks of at least [`REUSE_MIN`] bytes come from one reserved address
+/// range where freed blocks merge with their neighbours and are carved again
+/// (`large_blocks`), so a denoising loop's activations land on pages that are
+/// already resident instead of being faulted in afresh every step. The rule that
+/// keeps memory reports and budgets true: resident free bytes plus live bytes never
+/// exceed the counted peak; free pages go back to the OS when keeping them would
+/// break that, and [`reset_heap_peak`] and [`release_reused_blocks`] give them all
+/// back. Where the range cannot be reserved (or is full) blocks come from the
+/// system allocator, as smaller ones always do.
 ///
 /// A binary opts in with `#[global_allocator] static A: CountingAllocator = CountingAllocator;`.
 pub struct CountingAllocator;
@@ -75,175 +73,89 @@ fn heap_shrank(bytes: usize) {
     HEAP_LIVE.fetch_sub(bytes, std::sync::atomic::Ordering::Relaxed);
 }
 
-/// Smallest block kept for reuse: below it the system allocator's own free lists
-/// already reuse memory without faults.
+/// How many free bytes may stay resident: the counted peak less the live bytes.
+fn room() -> usize {
+    use std::sync::atomic::Ordering::Relaxed;
+    HEAP_PEAK.load(Relaxed).saturating_sub(HEAP_LIVE.load(Relaxed))
+}
+
+/// Smallest block served from the reused range: below it the system allocator's
+/// own free lists already reuse memory without faults.
 pub const REUSE_MIN: usize = 1 << 20;
 
-/// Freed large blocks, by exact size and alignment. Fixed slots and a spin lock:
-/// the allocator must not allocate, and the lock is held for a scan of the slots.
-struct Reuse {
-    lock: std::sync::atomic::AtomicBool,
-    slots: std::cell::UnsafeCell<[Block; REUSE_SLOTS]>,
-    /// Bytes held in the slots (written under the lock).
-    held: std::sync::atomic::AtomicUsize,
-    hits: std::sync::atomic::AtomicUsize,
-}
-
-const REUSE_SLOTS: usize = 64;
-
-#[derive(Clone, Copy)]
-struct Block {
-    /// 0 for an empty slot.
-    ptr: usize,
-    size: usize,
-    align: usize,
-}
-
-const EMPTY: Block = Block { ptr: 0, size: 0, align: 0 };
-
-// SAFETY: the slots are only touched while `lock` is held.
-unsafe impl Sync for Reuse {}
-
-static REUSE: Reuse = Reuse {
-    lock: std::sync::atomic::AtomicBool::new(false),
-    slots: std::cell::UnsafeCell::new([EMPTY; REUSE_SLOTS]),
-    held: std::sync::atomic::AtomicUsize::new(0),
-    hits: std::sync::atomic::AtomicUsize::new(0),
-};
-
-impl Reuse {
-    fn with<R>(&self, f: impl FnOnce(&mut [Block; REUSE_SLOTS], &std::sync::atomic::AtomicUsize) -> R) -> R {
-        use std::sync::atomic::Ordering::{Acquire, Relaxed, Release};
-        while self.lock.compare_exchange_weak(false, true, Acquire, Relaxed).is_err() {
-            std::hint::spin_loop();
-        }
-        // SAFETY: the lock is held, so no other thread touches the slots.
-        let r = f(unsafe { &mut *self.slots.get() }, &self.held);
-        self.lock.store(false, Release);
-        r
-    }
-
-    /// A kept block of exactly this size and alignment, removed from the slots.
-    fn take(&self, size: usize, align: usize) -> Option<*mut u8> {
-        use std::sync::atomic::Ordering::Relaxed;
-        if self.held.load(Relaxed) < size {
-            return None;
-        }
-        let p = self.with(|slots, held| {
-            let slot = slots.iter_mut().find(|b| b.ptr != 0 && b.size == size && b.align == align)?;
-            let p = slot.ptr as *mut u8;
-            *slot = EMPTY;
-            held.fetch_sub(size, Relaxed);
-            Some(p)
-        });
-        if p.is_some() {
-            self.hits.fetch_add(1, Relaxed);
-        }
-        p
-    }
-
-    /// Keeps a freed block when held + live + size stays within the peak and a slot
-    /// is free; `false` means the caller releases it.
-    fn keep(&self, ptr: *mut u8, size: usize, align: usize) -> bool {
-        use std::sync::atomic::Ordering::Relaxed;
-        self.with(|slots, held| {
-            let room = HEAP_PEAK.load(Relaxed).saturating_sub(HEAP_LIVE.load(Relaxed));
-            if held.load(Relaxed) + size > room {
-                return false;
-            }
-            let Some(slot) = slots.iter_mut().find(|b| b.ptr == 0) else { return false };
-            *slot = Block { ptr: ptr as usize, size, align };
-            held.fetch_add(size, Relaxed);
-            true
+impl CountingAllocator {
+    /// A large block from the reused range, counted; `None` to use the system's.
+    fn large(layout: std::alloc::Layout, zeroed: bool) -> Option<*mut u8> {
+        let size = large_blocks::rounded(layout.size());
+        large_blocks::alloc(size, layout.align(), zeroed, || {
+            heap_grew(size);
+            room()
         })
     }
 
-    /// Releases kept blocks to the system until at most `limit` bytes are held.
-    fn shrink_to(&self, limit: usize) {
-        use std::sync::atomic::Ordering::Relaxed;
-        if self.held.load(Relaxed) <= limit {
-            return;
-        }
-        let mut out = [EMPTY; REUSE_SLOTS];
-        self.with(|slots, held| {
-            for (slot, o) in slots.iter_mut().zip(out.iter_mut()) {
-                if held.load(Relaxed) <= limit {
-                    break;
-                }
-                if slot.ptr != 0 {
-                    held.fetch_sub(slot.size, Relaxed);
-                    *o = *slot;
-                    *slot = EMPTY;
-                }
-            }
-        });
-        // Outside the lock: unmapping takes a system call.
-        for b in out.iter().filter(|b| b.ptr != 0) {
-            // SAFETY: the block came from System with exactly this size and alignment
-            // and was removed from the slots, so it is released once.
-            unsafe { std::alloc::System.dealloc(b.ptr as *mut u8, std::alloc::Layout::from_size_align_unchecked(b.size, b.align)) };
-        }
-    }
-
-    /// Makes room for a new block of `size` from the system: what is kept must fit
-    /// under the peak with the block live.
-    fn before_new(&self, size: usize) {
-        use std::sync::atomic::Ordering::Relaxed;
-        let (live, peak) = (HEAP_LIVE.load(Relaxed), HEAP_PEAK.load(Relaxed));
-        self.shrink_to(peak.saturating_sub(live + size));
-    }
-}
-
-use std::alloc::GlobalAlloc;
-
-// SAFETY: every block comes from the system allocator with the layout it is
-// later released with: a kept block is handed out again only for the same size
-// and alignment, and released to the system once, by whoever removes it from the
-// slots. The counters are only updated for allocations that succeeded.
-unsafe impl GlobalAlloc for CountingAllocator {
-    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
-        if layout.size() >= REUSE_MIN {
-            if let Some(p) = REUSE.take(layout.size(), layout.align()) {
-                heap_grew(layout.size());
-                return p;
-            }
-            REUSE.before_new(layout.size());
-        }
-        let p = unsafe { std::alloc::System.alloc(layout) };
+    /// A block from the system allocator, counted.
+    ///
+    /// SAFETY: as `GlobalAlloc::alloc`.
+    unsafe fn system(layout: std::alloc::Layout, zeroed: bool) -> *mut u8 {
+        let p = unsafe { if zeroed { std::alloc::System.alloc_zeroed(layout) } else { std::alloc::System.alloc(layout) } };
         if !p.is_null() {
             heap_grew(layout.size());
         }
         p
+    }
+}
+
+use super::large_blocks;
+use std::alloc::GlobalAlloc;
+
+// SAFETY: a block from the reused range is recognised by its address and goes
+// back there with the same rounded size it was counted with; every other block
+// goes back to the system allocator with the layout it came with. The counters
+// are only updated for allocations that succeeded.
+unsafe impl GlobalAlloc for CountingAllocator {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        if layout.size() >= REUSE_MIN {
+            if let Some(p) = Self::large(layout, false) {
+                return p;
+            }
+        }
+        unsafe { Self::system(layout, false) }
     }
 
     unsafe fn alloc_zeroed(&self, layout: std::alloc::Layout) -> *mut u8 {
         if layout.size() >= REUSE_MIN {
-            if let Some(p) = REUSE.take(layout.size(), layout.align()) {
-                // SAFETY: the block holds layout.size() bytes and is ours alone now.
-                unsafe { std::ptr::write_bytes(p, 0, layout.size()) };
-                heap_grew(layout.size());
+            if let Some(p) = Self::large(layout, true) {
                 return p;
             }
-            REUSE.before_new(layout.size());
         }
-        let p = unsafe { std::alloc::System.alloc_zeroed(layout) };
-        if !p.is_null() {
-            heap_grew(layout.size());
-        }
-        p
+        unsafe { Self::system(layout, true) }
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
-        heap_shrank(layout.size());
-        if layout.size() >= REUSE_MIN && REUSE.keep(ptr, layout.size(), layout.align()) {
+        if large_blocks::owns(ptr) {
+            let size = large_blocks::rounded(layout.size());
+            heap_shrank(size);
+            large_blocks::free(ptr, size, room());
             return;
         }
+        heap_shrank(layout.size());
         unsafe { std::alloc::System.dealloc(ptr, layout) };
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, new_size: usize) -> *mut u8 {
-        if new_size > layout.size() {
-            REUSE.before_new(new_size - layout.size());
+        if large_blocks::owns(ptr) || new_size >= REUSE_MIN {
+            // Into or out of the reused range: a new block, the bytes copied over.
+            // SAFETY: GlobalAlloc's contract: new_size > 0 and the rounded layout is valid.
+            let new = unsafe { std::alloc::Layout::from_size_align_unchecked(new_size, layout.align()) };
+            let p = unsafe { self.alloc(new) };
+            if !p.is_null() {
+                // SAFETY: both blocks hold at least the smaller size and are distinct.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(ptr, p, layout.size().min(new_size));
+                    self.dealloc(ptr, layout);
+                }
+            }
+            return p;
         }
         let p = unsafe { std::alloc::System.realloc(ptr, layout, new_size) };
         if !p.is_null() {
@@ -257,17 +169,18 @@ unsafe impl GlobalAlloc for CountingAllocator {
     }
 }
 
-/// Releases every freed block [`CountingAllocator`] keeps for reuse to the system:
-/// when a segment is dropped (its activations' sizes will not come again) or a
-/// new peak starts.
+/// Gives every free page the allocator keeps resident back to the OS: when a
+/// segment is dropped (its activations' sizes will not come again) or a new peak
+/// starts.
 pub fn release_reused_blocks() {
-    REUSE.shrink_to(0);
+    large_blocks::release_to(0);
 }
 
-/// Bytes of freed blocks kept for reuse, and how many allocations reused one.
+/// Bytes of free pages kept resident for reuse, and how many large allocations
+/// were served from such pages.
 pub fn reuse_stats() -> (u64, u64) {
-    use std::sync::atomic::Ordering::Relaxed;
-    (REUSE.held.load(Relaxed) as u64, REUSE.hits.load(Relaxed) as u64)
+    let (held, hits) = large_blocks::stats();
+    (held as u64, hits as u64)
 }
 
 /// Live heap bytes and their peak since the last [`reset_heap_peak`], when the
@@ -358,3 +271,4 @@ pub fn return_freed_memory_promptly() {
         libc::mallopt(libc::M_TRIM_THRESHOLD, 4 << 20);
     }
 }
+

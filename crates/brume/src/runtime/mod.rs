@@ -1,6 +1,7 @@
 //! Where and how models run: the compute device and process memory readings.
 
 pub mod budget;
+mod large_blocks;
 pub mod memory;
 
 use candle_core::Device;
