@@ -16,8 +16,14 @@
 //! 2-core Intel host; the pictures byte-identical). `brume bench memory` on the
 //! built-in model measured 1-2 MiB more private memory at 256 px and 4-6 MiB more
 //! at 512 px than the exact-size cache did (40-41 / 119 against 39.5 / 113-115 MiB;
-//! mincore puts the range's resident pages within the counted peak, so the rest is
-//! outside it and not yet explained); SD 1.5 at 256 px measured 232 against 229-231.
+//! SD 1.5 at 256 px: 232 against 229-231), still within the counted peak: mincore
+//! puts the range's resident pages at live + kept bytes. The difference is pages
+//! that used to be counted but never touched: a fresh zeroed block from the system
+//! reads the shared zero page until written, so a tensor that stays partly zero
+//! (padding, a buffer written in part) was counted in full but only partly
+//! resident, while a block carved from reused pages is zeroed by writing it
+//! (smaps at step 5 of a 512 px built-in run: anonymous memory 18.6 -> 28.3 MB,
+//! glibc's heap 12.8 -> 8.8 MB, with the same live and kept counts).
 //!
 //! The rule that keeps memory reports true stays the exact-size cache's: resident
 //! free bytes plus live heap bytes never exceed the counted heap peak. A range is
