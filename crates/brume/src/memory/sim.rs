@@ -172,12 +172,16 @@ fn resnet(sim: &mut Sim, m: Map, cin: usize, cout: usize) {
 /// q/k/v of `c` channels (bytes `cq`, `ckv` for the query and key/value maps).
 #[allow(clippy::too_many_arguments)]
 fn attention(sim: &mut Sim, b: u64, heads: u64, nq: u64, nk: u64, cq: u64, ckv: u64, mode: AttentionMode) {
-    // The kernel reads q, k, v in place (their last dimension is contiguous)
-    // and writes the output; its scratch is one tile. A bf16 kernel also packs the
+    // The kernel reads q, k, v in place (their last dimension is contiguous), f32
+    // keys and values of long query runs from head-by-head copies, and writes the
+    // output; its scratch is one tile. A bf16 kernel also packs the
     // rounded keys and values (2 bytes each), padded to its granule along the keys
     // and the head dimension.
     if sim.kernels.fused_attention {
         let packs = match sim.kernels.bf16_attention {
+            // Multi-head k and v are views of [b, n_k, heads, d]: copied head by head
+            // for long query runs (`flash_attention::packs_keys`).
+            None if heads > 1 && nq as usize >= crate::kernels::flash_attention::PACK_KEYS_MIN_QUERIES => 2 * ckv,
             None => 0,
             Some(kernel) => {
                 let g = if kernel == crate::kernels::Bf16Attention::Tiles { 32 } else { 2 };
