@@ -292,24 +292,27 @@ fn give_back(_base: usize, _start: usize, _len: usize) {}
 /// block carved from them is zeroed on request like any dirty one.
 const GIVEN_BACK_READ_ZERO: bool = cfg!(any(target_os = "linux", target_os = "android"));
 
-/// The bytes a block of `size` takes in the reservation (whole pages).
+/// The bytes a block of `size` takes in the reservation (whole pages; the page size
+/// is read when the reservation is made, before any block is carved).
 pub(crate) fn rounded(size: usize) -> usize {
     let page = PAGE.load(Relaxed);
     size.div_ceil(page) * page
 }
 
-/// A block of `size` bytes (already [`rounded`]), aligned to `align`, zeroed when
-/// asked; `None` when the reservation cannot serve it. `count()` is called once the
-/// block is carved: it counts the block live and says how many free bytes may stay
-/// resident (the counted peak less the live bytes).
-pub(crate) fn alloc(size: usize, align: usize, zeroed: bool, count: impl FnOnce() -> usize) -> Option<*mut u8> {
+/// A block of at least `size` bytes, aligned to `align`, zeroed when asked; `None`
+/// when the reservation cannot serve it. `count(bytes)` is called once the block is
+/// carved, with its [`rounded`] size: it counts the block live and says how many
+/// free bytes may stay resident (the counted peak less the live bytes).
+pub(crate) fn alloc(size: usize, align: usize, zeroed: bool, count: impl FnOnce(usize) -> usize) -> Option<*mut u8> {
+    // The reservation first: it sets the page size that sizes are rounded to.
+    let base = base()?;
     if align > PAGE.load(Relaxed) {
         return None;
     }
-    let base = base()?;
+    let size = rounded(size);
     let carved = locked(|ranges| {
         let c = ranges.carve(size, |top| commit(base, top))?;
-        let limit = count();
+        let limit = count(size);
         ranges.release_to(limit, PAGE.load(Relaxed), |s, l| give_back(base, s, l));
         Some(c)
     })?;

@@ -86,8 +86,7 @@ pub const REUSE_MIN: usize = 1 << 20;
 impl CountingAllocator {
     /// A large block from the reused range, counted; `None` to use the system's.
     fn large(layout: std::alloc::Layout, zeroed: bool) -> Option<*mut u8> {
-        let size = large_blocks::rounded(layout.size());
-        large_blocks::alloc(size, layout.align(), zeroed, || {
+        large_blocks::alloc(layout.size(), layout.align(), zeroed, |size| {
             heap_grew(size);
             room()
         })
