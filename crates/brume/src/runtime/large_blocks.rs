@@ -198,6 +198,14 @@ fn locked<R>(f: impl FnOnce(&mut Ranges) -> R) -> R {
     r
 }
 
+/// The reservation's start once it is made (never maps it).
+fn reserved() -> Option<usize> {
+    match BASE.load(Acquire) {
+        0 | FAILED => None,
+        b => Some(b),
+    }
+}
+
 /// The reservation's start, mapping it on first use (as much address space as the
 /// machine has memory: a live set larger than that could not be resident anyway;
 /// without access until [`commit`]).
@@ -329,11 +337,7 @@ pub(crate) fn alloc(size: usize, align: usize, zeroed: bool, count: impl FnOnce(
 
 /// Whether `ptr` came from [`alloc`].
 pub(crate) fn owns(ptr: *mut u8) -> bool {
-    let b = BASE.load(Acquire);
-    if b == 0 || b == FAILED {
-        return false;
-    }
-    (ptr as usize) >= b && (ptr as usize) < b + CAP.load(Relaxed)
+    reserved().is_some_and(|b| (ptr as usize) >= b && (ptr as usize) < b + CAP.load(Relaxed))
 }
 
 /// Takes back a block from [`alloc`] of `size` bytes ([`rounded`]); `limit` as there,
@@ -351,12 +355,7 @@ pub(crate) fn free(ptr: *mut u8, size: usize, limit: usize) {
 
 /// Gives resident free bytes back until at most `limit` remain.
 pub(crate) fn release_to(limit: usize) {
-    let Some(base) = (match BASE.load(Acquire) {
-        0 | FAILED => None,
-        b => Some(b),
-    }) else {
-        return;
-    };
+    let Some(base) = reserved() else { return };
     locked(|ranges| ranges.release_to(limit, PAGE.load(Relaxed), |s, l| give_back(base, s, l)));
 }
 

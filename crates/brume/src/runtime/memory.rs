@@ -261,7 +261,10 @@ impl PeakWatch {
 /// heaps it keeps after `free`, so a process that has run a model holds on to
 /// its largest activations; a fixed 1 MiB threshold maps every tensor of note
 /// on its own and unmaps it when dropped, so private memory follows what is
-/// alive (what the estimator predicts and a phone's budget needs).
+/// alive (what the estimator predicts and a phone's budget needs). Under
+/// [`CountingAllocator`] such blocks come from its reused range instead (which
+/// keeps the same bound); the threshold still holds for those it cannot serve,
+/// and for binaries without it.
 pub fn return_freed_memory_promptly() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only changes allocator tuning; called before heavy allocation.
