@@ -3,8 +3,9 @@
 //! register block, widths with and without vector tails (down to 1 pixel), batches,
 //! and the layer path (`Conv2d` over mapped f32 weights) that dispatches to it. The
 //! shapes cover both of the kernel's layouts: rows of whole vector blocks, and the
-//! flat layout of narrow or odd-width maps (SD's 16x16 and 8x8 levels). The opt-in
-//! Winograd F(2x2, 3x3) path is held to the same checks.
+//! flat layout of narrow or odd-width maps (SD's 16x16 and 8x8 levels). Winograd
+//! F(4x4, 3x3) (the layers' default on large maps) and the older F(2x2, 3x3) are held
+//! to the same checks.
 
 use brume::kernels::conv3x3::conv3x3_on;
 use brume::kernels::Isa;
@@ -103,26 +104,63 @@ fn winograd_in_chunks_matches_the_direct_kernel() {
     assert!(err <= 1e-5, "rel err {err:.2e}");
 }
 
+/// The layers follow the Winograd mode: by default (`auto`) F(4x4, 3x3) on a large
+/// map with many channels and the direct kernel on a small one; `off` the direct
+/// kernel everywhere; `f2` the older F(2x2, 3x3) where its size rules allow. Each is
+/// checked to be that kernel's result to the bit, and all within 1e-5 of candle's conv.
 #[test]
-fn layer_path_takes_winograd_when_enabled() {
-    use brume::kernels::winograd::{conv3x3_on as winograd, set_enabled};
+fn layer_path_follows_the_winograd_mode() {
+    use brume::kernels::winograd::{set_mode, Mode};
+    use brume::kernels::{winograd, winograd43};
     use brume::layers::mapped::conv2d_dense;
     let _switches = GLOBAL_SWITCHES.lock().unwrap_or_else(|e| e.into_inner());
     let dev = Device::Cpu;
     let mut rng = Rng::new(31);
-    // 40 -> 36 channels at 20x20: wide and large enough for Winograd (f32 compute, the default).
-    let x = rng.randn(&[2, 40, 20, 20], &dev).unwrap();
-    let k = rng.randn(&[36, 40, 3, 3], &dev).unwrap();
-    let want = x.conv2d(&k, 1, 1, 1, 1).unwrap();
-    set_enabled(true);
-    let got = conv2d_dense(&x, &k, 1, 1, true);
-    set_enabled(false);
-    let got = got.unwrap();
-    let err = rel_err(&got, &want);
-    assert!(err <= 1e-5, "rel err {err:.2e}");
-    // and it is Winograd's result, not the direct kernel's (their sums round differently)
-    assert_eq!(rel_err(&got, &winograd(brume::kernels::isa(), &x, &k).unwrap()), 0.0);
-    assert!(rel_err(&conv2d_dense(&x, &k, 1, 1, true).unwrap(), &got) > 0.0, "switched off, the direct kernel runs");
+    let isa = brume::kernels::isa();
+    // 256 -> 256 at 32x32 takes F(4x4) under auto; 40 -> 36 at 20x20 is too small for it.
+    let big = (rng.randn(&[1, 256, 32, 32], &dev).unwrap(), (rng.randn(&[256, 256, 3, 3], &dev).unwrap() * 0.05).unwrap());
+    let small = (rng.randn(&[2, 40, 20, 20], &dev).unwrap(), rng.randn(&[36, 40, 3, 3], &dev).unwrap());
+    let layer = |mode: Mode, (x, k): &(Tensor, Tensor)| {
+        set_mode(mode);
+        let y = conv2d_dense(x, k, 1, 1, true);
+        set_mode(Mode::Auto);
+        y.unwrap()
+    };
+    for (x, k) in [&big, &small] {
+        let want = x.conv2d(k, 1, 1, 1, 1).unwrap();
+        for mode in [Mode::Auto, Mode::Off, Mode::F2] {
+            let err = rel_err(&layer(mode, &(x.clone(), k.clone())), &want);
+            assert!(err <= 5e-5, "{mode:?} {:?}: rel err {err:.2e}", x.dims());
+        }
+    }
+    let same = |a: &Tensor, b: &Tensor| rel_err(a, b) == 0.0;
+    assert!(same(&layer(Mode::Auto, &big), &winograd43::conv3x3_on(isa, &big.0, &big.1).unwrap()));
+    assert!(same(&layer(Mode::Off, &big), &conv3x3_on(isa, &big.0, &big.1).unwrap()));
+    assert!(same(&layer(Mode::F2, &big), &winograd::conv3x3_on(isa, &big.0, &big.1).unwrap()));
+    assert!(same(&layer(Mode::Auto, &small), &conv3x3_on(isa, &small.0, &small.1).unwrap()));
+    assert!(same(&layer(Mode::F2, &small), &winograd::conv3x3_on(isa, &small.0, &small.1).unwrap()));
+    // and the kernels do differ, so the checks above can tell them apart
+    assert!(!same(&winograd43::conv3x3_on(isa, &big.0, &big.1).unwrap(), &conv3x3_on(isa, &big.0, &big.1).unwrap()));
+}
+
+/// F(4x4, 3x3) on SD 1.5's first-level shape (320 channels at 64x64) and on a kernel
+/// large enough that U is made a transform row at a time (640 channels: 9.4 MiB per
+/// row, 16 MiB held at most), against the direct kernel: within 5e-5 of the largest
+/// output (measured 1.3e-5 at 256 channels, 2.9e-5 at 640; the direct kernel is ~3e-6
+/// from candle's).
+#[test]
+fn winograd43_on_sd_shapes_matches_the_direct_kernel() {
+    let dev = Device::Cpu;
+    let mut rng = Rng::new(8);
+    let isa = brume::kernels::isa();
+    for (b, c, o, h, w) in [(1, 320, 320, 64, 64), (2, 640, 640, 32, 32)] {
+        let x = rng.randn(&[b, c, h, w], &dev).unwrap();
+        let k = (rng.randn(&[o, c, 3, 3], &dev).unwrap() * (1.0 / (9.0 * c as f64).sqrt())).unwrap();
+        let want = conv3x3_on(isa, &x, &k).unwrap();
+        let got = brume::kernels::winograd43::conv3x3_on(isa, &x, &k).unwrap();
+        let err = rel_err(&got, &want);
+        assert!(err <= 5e-5, "{:?}: rel err {err:.2e}", (b, c, o, h, w));
+    }
 }
 
 #[test]
@@ -148,7 +186,7 @@ fn conv3x3_rejects_mismatched_kernels() {
     let wrong_in = Tensor::zeros((2, 3, 3, 3), candle_core::DType::F32, &dev).unwrap();
     let wrong_k = Tensor::zeros((2, 4, 1, 1), candle_core::DType::F32, &dev).unwrap();
     for isa in Isa::all_supported() {
-        for conv in [conv3x3_on, brume::kernels::winograd::conv3x3_on] {
+        for conv in [conv3x3_on, brume::kernels::winograd::conv3x3_on, brume::kernels::winograd43::conv3x3_on] {
             assert!(conv(isa, &x, &wrong_in).is_err());
             assert!(conv(isa, &x, &wrong_k).is_err());
         }
@@ -391,4 +429,25 @@ fn gemm_amx_takes_empty_factors() {
         assert_eq!(got.dims(), &[m, n]);
         assert!(got.flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().all(|&v| v == 0.0));
     }
+}
+
+/// Winograd F(4x4, 3x3): sides that are and are not multiples of 4 (partial tiles on
+/// the right and bottom), single-pixel maps, channel counts off the GEMM's blocks,
+/// batches, and a 64x64 map of SD's first level.
+#[test]
+fn winograd43_many_shapes() {
+    let shapes = &[
+        (1, 1, 1, 1, 1),
+        (1, 2, 3, 1, 2),
+        (1, 3, 5, 4, 7),
+        (2, 4, 6, 5, 5),
+        (1, 7, 13, 9, 17),
+        (1, 32, 32, 16, 16),
+        (2, 33, 40, 17, 18),
+        (1, 64, 19, 5, 64),
+        (1, 9, 4, 31, 2),
+        (3, 16, 70, 12, 11),
+        (1, 6, 7, 10, 14),
+    ];
+    check_conv3x3(brume::kernels::winograd43::conv3x3_on, shapes, 29, 1e-5);
 }

@@ -360,12 +360,14 @@ pub(crate) unsafe fn flat_task<K: FlatPanel>(
 
 /// `out` [b, o, h, w] = conv(`x` [b, c, h, w], `weights` [o, c, 3, 3]), padding 1,
 /// by the fastest f32 kernel for the sizes: Winograd on large maps with enough
-/// channels ([`super::winograd::plan`]), else the direct kernel.
+/// channels ([`super::winograd::choose`]), else the direct kernel.
 pub(crate) fn run_best(isa: Isa, x: &[f32], d: Dims, weights: &[f32], out: &mut [f32]) -> Result<()> {
-    if super::winograd::plan(d).is_some() {
-        return super::winograd::run(isa, x, d, weights, out);
+    use super::winograd::{choose, Choice};
+    match choose(d) {
+        Choice::F4 => super::winograd43::run(isa, x, d, weights, out, false),
+        Choice::F2(_) => super::winograd::run(isa, x, d, weights, out),
+        Choice::Direct => run(isa, x, d, weights, out),
     }
-    run(isa, x, d, weights, out)
 }
 
 /// `out` [b, o, h, w] = conv(`x` [b, c, h, w], `weights` [o, c, 3, 3]), padding 1,
@@ -401,6 +403,10 @@ pub(crate) fn run_upsampled(isa: Isa, x: &[f32], d: Dims, weights: &[f32], out: 
     }
     if !reads_upsampled(isa, batch, c, h, w) {
         return Ok(false);
+    }
+    if super::winograd::choose(d) == super::winograd::Choice::F4 {
+        super::winograd43::run(isa, x, d, weights, out, true)?;
+        return Ok(true);
     }
     if out.is_empty() {
         return Ok(true);

@@ -304,7 +304,7 @@ pub(super) unsafe fn load_block<S: Simd>(at: *const f32, ld: usize, live: usize,
 
 /// [`load_block`] for blocks of NV vectors (NV * LANES <= 64).
 #[inline(always)]
-unsafe fn load_wide<S: Simd, const NV: usize>(at: *const f32, ld: usize, live: usize, w: usize) -> [[S::V; NV]; MR] {
+pub(super) unsafe fn load_wide<S: Simd, const NV: usize>(at: *const f32, ld: usize, live: usize, w: usize) -> [[S::V; NV]; MR] {
     unsafe {
         let mut acc = [[S::splat(0.0); NV]; MR];
         for (i, a) in acc.iter_mut().enumerate().take(live) {
@@ -357,7 +357,7 @@ pub(super) unsafe fn store_wide<S: Simd, const NV: usize>(acc: &[[S::V; NV]; MR]
 /// SAFETY: the CPU has `S`'s features; each `a[i]` points at kc floats and `b` at
 /// kc rows of NV * LANES floats.
 #[inline(always)]
-unsafe fn block<S: Simd, const NV: usize>(acc: &mut [[S::V; NV]; MR], a: &[*const f32; MR], b: *const f32, kc: usize) {
+pub(super) unsafe fn block<S: Simd, const NV: usize>(acc: &mut [[S::V; NV]; MR], a: &[*const f32; MR], b: *const f32, kc: usize) {
     unsafe {
         let mut r = *acc;
         for kk in 0..kc {

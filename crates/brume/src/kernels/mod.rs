@@ -25,6 +25,7 @@ pub mod matmul_bf16;
 pub mod peak;
 mod simd;
 pub mod winograd;
+pub mod winograd43;
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::OnceLock;

@@ -18,16 +18,15 @@
 //! Small maps keep the direct kernel: with few tiles each product is a thin GEMM and
 //! the transforms' memory traffic is no longer small beside it.
 //!
-//! Opt-in (`BRUME_WINOGRAD=on`) because it does not win yet. `brume bench kernels
-//! --only conv3x3` (its `fast` row with the switch on, against `direct`), an Intel
-//! Xeon with AVX-512, 2026-12-03: 320->320 at 64x64 0.040 s vs 0.040 direct; 640->640
+//! The layers' default is F(4x4, 3x3) ([`super::winograd43`]), which saves 4x
+//! instead of 2.25x; this transform stays behind `BRUME_WINOGRAD=f2` to measure
+//! against. This module also holds the switch between them ([`Mode`], [`choose`]).
+//! Measured when this was the only one (`brume bench kernels --only conv3x3`, an Intel
+//! Xeon with AVX-512, 2026-12-03): 320->320 at 64x64 0.040 s vs 0.040 direct; 640->640
 //! at 32x32 0.050 vs 0.035. Inside a 320-channel call the 16 products took 26-34 ms
 //! (110-130 GFLOP/s: the GEMM on [320 x 320] x [320 x 384] runs well below the direct
 //! kernel's 190-250), the transforms 5 ms, and making the transformed kernel and the
-//! chunk buffers (fresh pages) 6-25 ms. What it needs to win: the transformed kernel
-//! made once per weight (16/9 of its bytes, counted by the estimator), reused chunk
-//! buffers, and a GEMM near the direct kernel's rate; F(4x4, 3x3) (36 products per
-//! 16 outputs instead of 144) is the larger step.
+//! chunk buffers (fresh pages) 6-25 ms.
 
 use candle_core::Result;
 use rayon::prelude::*;
@@ -55,34 +54,84 @@ pub(crate) struct Plan {
     rows: usize,
 }
 
-/// 0: not yet decided (read `BRUME_WINOGRAD` on first use), 1: on, 2: off.
-static SWITCH: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+/// Which Winograd transforms the layers may take for f32 3x3 convolutions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// The direct kernel everywhere.
+    Off,
+    /// F(4x4, 3x3) where it beats the direct kernel ([`super::winograd43::wins`]); the default.
+    Auto,
+    /// F(2x2, 3x3) on large maps (the earlier opt-in; slower than `Auto`, kept to measure).
+    F2,
+}
 
-/// Whether the layers may take Winograd: [`set_enabled`], else `BRUME_WINOGRAD=on`
-/// (or `1`); off by default (see the module doc for why).
-pub fn enabled() -> bool {
-    use std::sync::atomic::Ordering;
-    match SWITCH.load(Ordering::Relaxed) {
-        1 => true,
-        2 => false,
-        _ => {
-            let on = std::env::var("BRUME_WINOGRAD").is_ok_and(|v| v == "on" || v == "1");
-            let _ = SWITCH.compare_exchange(0, if on { 1 } else { 2 }, Ordering::Relaxed, Ordering::Relaxed);
-            SWITCH.load(Ordering::Relaxed) == 1
+impl Mode {
+    /// `off`, `auto` or `f2` (`on` and `1`, the old opt-in, mean `f2`).
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "off" | "0" => Some(Self::Off),
+            "auto" => Some(Self::Auto),
+            "f2" | "on" | "1" => Some(Self::F2),
+            _ => None,
         }
     }
 }
 
-/// Lets the layers take Winograd (process-wide, as [`super::set_mode`]).
-pub fn set_enabled(on: bool) {
-    SWITCH.store(if on { 1 } else { 2 }, std::sync::atomic::Ordering::Relaxed);
+/// 0: not yet decided (read `BRUME_WINOGRAD` on first use), else 1 + the mode's index.
+static SWITCH: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+const MODES: [Mode; 3] = [Mode::Off, Mode::Auto, Mode::F2];
+
+/// The layers' Winograd mode: [`set_mode`], else `BRUME_WINOGRAD` (`off`, `auto`, `f2`),
+/// else [`Mode::Auto`]. An unreadable value is warned about once and means `auto`.
+pub fn mode() -> Mode {
+    use std::sync::atomic::Ordering;
+    match SWITCH.load(Ordering::Relaxed) {
+        0 => {
+            let env = std::env::var("BRUME_WINOGRAD").ok();
+            let m = match env.as_deref().map(Mode::parse) {
+                None => Mode::Auto,
+                Some(Some(m)) => m,
+                Some(None) => {
+                    tracing::warn!("BRUME_WINOGRAD={:?} is not off, auto or f2; using auto", env.unwrap_or_default());
+                    Mode::Auto
+                }
+            };
+            let i = MODES.iter().position(|&x| x == m).unwrap_or(1) as u8;
+            let _ = SWITCH.compare_exchange(0, 1 + i, Ordering::Relaxed, Ordering::Relaxed);
+            mode()
+        }
+        v => MODES[(v as usize - 1).min(MODES.len() - 1)],
+    }
 }
 
-/// The plan for `d` when the layers run it by Winograd (enabled, f32 products, any
-/// instruction set), else `None`.
+/// Sets the layers' Winograd mode (process-wide, as [`super::set_mode`]).
+pub fn set_mode(m: Mode) {
+    let i = MODES.iter().position(|&x| x == m).unwrap_or(1) as u8;
+    SWITCH.store(1 + i, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// How the layers run a 3x3 convolution of `d` in f32.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Choice {
+    Direct,
+    F2(Plan),
+    F4,
+}
+
+/// The layers' choice for `d` under the current [`mode`].
+pub(crate) fn choose(d: Dims) -> Choice {
+    match mode() {
+        Mode::Off => Choice::Direct,
+        Mode::Auto if super::winograd43::wins(d) => Choice::F4,
+        Mode::Auto => Choice::Direct,
+        Mode::F2 => plan(d).map_or(Choice::Direct, Choice::F2),
+    }
+}
+
+/// The F(2x2, 3x3) plan for `d` when its size rules allow it, else `None`.
 pub(crate) fn plan(d: Dims) -> Option<Plan> {
     let Dims { batch, in_ch: c, out_ch: o, h, w } = d;
-    if !enabled() || batch == 0 || h.min(w) < MIN_SIDE || c.min(o) < MIN_CHANNELS || u_bytes(c, o) > U_MAX {
+    if batch == 0 || h.min(w) < MIN_SIDE || c.min(o) < MIN_CHANNELS || u_bytes(c, o) > U_MAX {
         return None;
     }
     Some(Plan::new(c, o, h, w))
@@ -109,7 +158,11 @@ fn u_bytes(c: usize, o: usize) -> usize {
 /// and one chunk's transformed input and products); `None` when the layers run `d` on
 /// the direct kernel.
 pub(crate) fn scratch_bytes(d: Dims) -> Option<usize> {
-    plan(d).map(|p| u_bytes(d.in_ch, d.out_ch) + 16 * 4 * (d.in_ch + d.out_ch) * p.tiles())
+    match choose(d) {
+        Choice::Direct => None,
+        Choice::F2(p) => Some(u_bytes(d.in_ch, d.out_ch) + 16 * 4 * (d.in_ch + d.out_ch) * p.tiles()),
+        Choice::F4 => Some(super::winograd43::scratch_bytes(d)),
+    }
 }
 
 /// 3x3 / stride 1 / padding 1 convolution of `x` [b, c, h, w] with `w` [o, c, 3, 3]

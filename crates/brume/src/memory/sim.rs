@@ -27,9 +27,9 @@ pub struct Kernels {
     /// The bf16 attention kernel that runs, if any: it rounds every head's keys and
     /// values into packed copies that live for the call.
     pub bf16_attention: Option<crate::kernels::Bf16Attention>,
-    /// 3x3 convolutions with f32 products on large maps run Winograd
-    /// (`kernels::winograd`, opt-in), whose transformed kernel and chunk of transformed input
-    /// and products live for the call.
+    /// 3x3 convolutions with f32 products on large maps may run Winograd
+    /// (`kernels::winograd::choose`: F(4x4, 3x3) by default where it wins), whose
+    /// transformed kernel and chunk of transformed input and products live for the call.
     pub winograd: bool,
     /// An upsampler's conv with f32 products on the row layout reads the half-size map
     /// in place (`kernels::conv3x3::run_upsampled`): the doubled map is never formed.
@@ -47,7 +47,7 @@ impl Kernels {
         let fast = crate::kernels::fast_for(dtype);
         let fused_attention = crate::kernels::fused_attention_on_cpu();
         let bf16_attention = if fused_attention { crate::kernels::bf16_attention() } else { None };
-        let winograd = fast && crate::kernels::compute() == crate::kernels::Compute::F32 && crate::kernels::winograd::enabled();
+        let winograd = fast && crate::kernels::compute() == crate::kernels::Compute::F32 && crate::kernels::winograd::mode() != crate::kernels::winograd::Mode::Off;
         let upsample_in_place = fast && crate::kernels::compute() == crate::kernels::Compute::F32;
         Self { fused_norm: fast, fused_attention, direct_conv: fast, bf16_attention, winograd, upsample_in_place }
     }
