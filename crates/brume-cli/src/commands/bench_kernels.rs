@@ -32,7 +32,7 @@ pub struct KernelArgs {
     #[arg(long)]
     torch_script: Option<PathBuf>,
     /// Only the cases whose name contains this (attn_self, attn_cross, gn, gn_silu,
-    /// conv3x3_320, conv3x3_640, conv3x3_1280_16, conv3x3_1280_8, conv1x1_320, conv3x3_64_256, conv3x3_64_512, linear_320, linear_geglu, linear_77_1024, linear_77_fc1, linear_77_fc2).
+    /// conv3x3_320, conv3x3_640, conv3x3_1280_32, conv3x3_1920_640, conv3x3_1280_16, conv3x3_1280_8, conv1x1_320, conv3x3_64_256, conv3x3_64_512, linear_320, linear_geglu, linear_77_1024, linear_77_fc1, linear_77_fc2).
     #[arg(long)]
     only: Option<String>,
 }
@@ -80,8 +80,8 @@ impl Case {
             Op::Attention { .. } if brume::kernels::conv3x3_bf16::supported() => vec!["bf16"],
             _ => Vec::new(),
         };
-        // With `BRUME_WINOGRAD=on` the layers' path may be Winograd: the direct kernel beside it.
-        if brume::kernels::winograd::enabled() && matches!(&self.op, Op::Conv { padding: 1, .. }) {
+        // The layers' path may be Winograd (`BRUME_WINOGRAD`, auto by default): the direct kernel beside it.
+        if matches!(&self.op, Op::Conv { padding: 1, .. }) {
             v.insert(0, "direct");
         }
         // AMX tiles (what `--compute bf16` runs where the CPU has them).
@@ -170,6 +170,9 @@ fn cases() -> anyhow::Result<Vec<Case>> {
     for (name, b, c, o, hw, k) in [
         ("conv3x3_320", 1, 320, 320, 64, 3),
         ("conv3x3_640", 1, 640, 640, 32, 3),
+        // Up-block shapes at 32x32: the upsampler's 1280 channels, a concatenated input.
+        ("conv3x3_1280_32", 1, 1280, 1280, 32, 3),
+        ("conv3x3_1920_640", 1, 1920, 640, 32, 3),
         ("conv3x3_1280_16", 2, 1280, 1280, 16, 3),
         ("conv3x3_1280_8", 2, 1280, 1280, 8, 3),
         ("conv1x1_320", 1, 320, 320, 64, 1),

@@ -40,9 +40,10 @@ pub struct SpeedArgs {
     #[arg(long, value_delimiter = ',', default_values_t = [
         "torch-bf16".to_string(), "onnxruntime-f32".into(), "openvino-f32".into(), "openvino-bf16".into()])]
     peers: Vec<String>,
-    /// brume's modes: `fast` (its kernels, f32), `bf16` (its kernels with bf16
-    /// products on AMX tiles or AVX512-BF16, where the CPU has them) and `reference`
-    /// (candle's plain ops).
+    /// brume's modes: `fast` (its kernels, f32, Winograd F(4x4, 3x3) on the large 3x3
+    /// convolutions where it wins), `direct` (the same with the direct 3x3 kernel
+    /// everywhere), `bf16` (its kernels with bf16 products on AMX tiles or
+    /// AVX512-BF16, where the CPU has them) and `reference` (candle's plain ops).
     #[arg(long, value_delimiter = ',', default_values_t = ["fast".to_string(), "bf16".into(), "reference".into()])]
     modes: Vec<String>,
     /// Timed runs per variant (after one warm-up), alternated between the variants.
@@ -364,14 +365,17 @@ fn model_folder(a: &SpeedArgs, name: &str) -> anyhow::Result<PathBuf> {
 struct Mode {
     kernels: KernelMode,
     compute: Compute,
+    /// Whether f32 3x3 convolutions may take Winograd F(4x4, 3x3) where it wins.
+    winograd: bool,
 }
 
 impl Mode {
     fn name(&self) -> &'static str {
-        match (self.kernels, self.compute) {
-            (KernelMode::Reference, _) => "reference",
-            (KernelMode::Fast, Compute::F32) => "fast",
-            (KernelMode::Fast, Compute::Bf16) => "bf16",
+        match (self.kernels, self.compute, self.winograd) {
+            (KernelMode::Reference, ..) => "reference",
+            (KernelMode::Fast, Compute::F32, true) => "fast",
+            (KernelMode::Fast, Compute::F32, false) => "direct",
+            (KernelMode::Fast, Compute::Bf16, _) => "bf16",
         }
     }
 }
@@ -388,14 +392,17 @@ pub fn run(a: SpeedArgs) -> anyhow::Result<()> {
         bail!("--runs must be at least 1");
     }
     let components = a.components.iter().map(|s| Component::parse(s)).collect::<anyhow::Result<Vec<_>>>()?;
+    // `fast` runs Winograd as the layers would (BRUME_WINOGRAD, auto by default).
+    let winograd_default = brume::kernels::winograd::mode();
     let mut modes = Vec::new();
     for m in &a.modes {
         match m.as_str() {
-            "fast" => modes.push(Mode { kernels: KernelMode::Fast, compute: Compute::F32 }),
-            "reference" => modes.push(Mode { kernels: KernelMode::Reference, compute: Compute::F32 }),
-            "bf16" if brume::kernels::conv3x3_bf16::supported() => modes.push(Mode { kernels: KernelMode::Fast, compute: Compute::Bf16 }),
+            "fast" => modes.push(Mode { kernels: KernelMode::Fast, compute: Compute::F32, winograd: true }),
+            "direct" => modes.push(Mode { kernels: KernelMode::Fast, compute: Compute::F32, winograd: false }),
+            "reference" => modes.push(Mode { kernels: KernelMode::Reference, compute: Compute::F32, winograd: false }),
+            "bf16" if brume::kernels::conv3x3_bf16::supported() => modes.push(Mode { kernels: KernelMode::Fast, compute: Compute::Bf16, winograd: false }),
             "bf16" => eprintln!("--modes bf16 left out: this CPU has no AVX512-BF16"),
-            other => bail!("--modes: `{other}` is not fast, bf16 or reference"),
+            other => bail!("--modes: `{other}` is not fast, direct, bf16 or reference"),
         }
     }
     if modes.is_empty() {
@@ -452,6 +459,7 @@ pub fn run(a: SpeedArgs) -> anyhow::Result<()> {
         }));
         let brume_run = |m: Mode| -> anyhow::Result<(f64, Tensor)> {
             brume::kernels::set_mode(m.kernels);
+            brume::kernels::winograd::set_mode(if m.winograd { winograd_default } else { brume::kernels::winograd::Mode::Off });
             brume::kernels::set_compute(m.compute).map_err(anyhow::Error::msg)?;
             let t = Instant::now();
             let y = loaded.run(&model)?;
@@ -485,6 +493,7 @@ pub fn run(a: SpeedArgs) -> anyhow::Result<()> {
         }
         eprintln!();
         brume::kernels::set_mode(KernelMode::Fast);
+        brume::kernels::winograd::set_mode(winograd_default);
         brume::kernels::set_compute(Compute::F32).map_err(anyhow::Error::msg)?;
         peers.ask(json!({"cmd": "unload", "name": c.name}))?;
         drop(loaded);
