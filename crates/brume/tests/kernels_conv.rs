@@ -68,24 +68,27 @@ fn check_conv3x3(conv: impl Fn(Isa, &Tensor, &Tensor) -> candle_core::Result<Ten
     }
 }
 
-/// Winograd F(2x2, 3x3): odd and even sides (partial 2x2 tiles on the right and
-/// bottom edges), single-pixel maps, channel counts off the GEMM's blocks, batches.
+/// Shapes for both Winograd transforms: odd and even sides (partial tiles on the right
+/// and bottom edges), single-pixel maps, channel counts off the GEMM's blocks, batches.
+const WINOGRAD_SHAPES: &[(usize, usize, usize, usize, usize)] = &[
+    (1, 1, 1, 1, 1),
+    (1, 2, 3, 1, 2),
+    (1, 3, 5, 4, 7),
+    (2, 4, 6, 5, 5),
+    (1, 7, 13, 9, 17),
+    (1, 32, 32, 16, 16),
+    (2, 33, 40, 17, 18),
+    (1, 64, 19, 5, 64),
+    (1, 9, 4, 31, 2),
+    (3, 16, 70, 12, 11),
+    (1, 6, 7, 10, 14),
+];
+
+/// Winograd F(2x2, 3x3) on [`WINOGRAD_SHAPES`].
 #[test]
 fn winograd_many_shapes() {
-    let shapes = &[
-        (1, 1, 1, 1, 1),
-        (1, 2, 3, 1, 2),
-        (1, 3, 5, 4, 7),
-        (2, 4, 6, 5, 5),
-        (1, 7, 13, 9, 17),
-        (1, 32, 32, 16, 16),
-        (2, 33, 40, 17, 18),
-        (1, 64, 19, 5, 64),
-        (1, 9, 4, 31, 2),
-        (3, 16, 70, 12, 11),
-    ];
     // The transforms add up to 16 terms in f32 each way: a few ulps more than the direct sum.
-    check_conv3x3(brume::kernels::winograd::conv3x3_on, shapes, 23, 1e-5);
+    check_conv3x3(brume::kernels::winograd::conv3x3_on, WINOGRAD_SHAPES, 23, 1e-5);
 }
 
 #[test]
@@ -431,23 +434,9 @@ fn gemm_amx_takes_empty_factors() {
     }
 }
 
-/// Winograd F(4x4, 3x3): sides that are and are not multiples of 4 (partial tiles on
-/// the right and bottom), single-pixel maps, channel counts off the GEMM's blocks,
-/// batches, and a 64x64 map of SD's first level.
+/// Winograd F(4x4, 3x3) on [`WINOGRAD_SHAPES`] (sides that are and are not multiples
+/// of 4); SD's own shapes are in `winograd43_on_sd_shapes_matches_the_direct_kernel`.
 #[test]
 fn winograd43_many_shapes() {
-    let shapes = &[
-        (1, 1, 1, 1, 1),
-        (1, 2, 3, 1, 2),
-        (1, 3, 5, 4, 7),
-        (2, 4, 6, 5, 5),
-        (1, 7, 13, 9, 17),
-        (1, 32, 32, 16, 16),
-        (2, 33, 40, 17, 18),
-        (1, 64, 19, 5, 64),
-        (1, 9, 4, 31, 2),
-        (3, 16, 70, 12, 11),
-        (1, 6, 7, 10, 14),
-    ];
-    check_conv3x3(brume::kernels::winograd43::conv3x3_on, shapes, 29, 1e-5);
+    check_conv3x3(brume::kernels::winograd43::conv3x3_on, WINOGRAD_SHAPES, 29, 1e-5);
 }

@@ -169,15 +169,27 @@ pub(crate) fn scratch_bytes(d: Dims) -> Option<usize> {
 /// (no bias) by Winograd whatever the sizes, on the instruction set `isa` (tests and
 /// benches; the layers go through [`super::conv3x3::run_best`]).
 pub fn conv3x3_on(isa: Isa, x: &candle_core::Tensor, w: &candle_core::Tensor) -> Result<candle_core::Tensor> {
+    on_tensors("winograd conv3x3", x, w, |xs, d, ws, out| run(isa, xs, d, ws, out))
+}
+
+/// A padding-1 3x3 convolution of tensors `x` [b, c, h, w] and `w` [o, c, 3, 3] by
+/// `run` on their f32 values, into a new [b, o, h, w] tensor (the tests' and benches'
+/// entry points; `what` names the kernel in the error for a kernel of another shape).
+pub(crate) fn on_tensors(
+    what: &str,
+    x: &candle_core::Tensor,
+    w: &candle_core::Tensor,
+    run: impl FnOnce(&[f32], Dims, &[f32], &mut [f32]) -> Result<()>,
+) -> Result<candle_core::Tensor> {
     let (b, c, h, wd) = x.dims4()?;
     let (o, wc, kh, kw) = w.dims4()?;
     if (kh, kw) != (3, 3) || wc != c {
-        candle_core::bail!("winograd conv3x3: kernel {:?} does not fit input {:?}", w.dims(), x.dims());
+        candle_core::bail!("{what}: kernel {:?} does not fit input {:?}", w.dims(), x.dims());
     }
     let xs = x.flatten_all()?.to_vec1::<f32>()?;
     let ws = w.flatten_all()?.to_vec1::<f32>()?;
     let mut out = vec![0f32; b * o * h * wd];
-    run(isa, &xs, Dims { batch: b, in_ch: c, out_ch: o, h, w: wd }, &ws, &mut out)?;
+    run(&xs, Dims { batch: b, in_ch: c, out_ch: o, h, w: wd }, &ws, &mut out)?;
     candle_core::Tensor::from_vec(out, (b, o, h, wd), x.device())
 }
 

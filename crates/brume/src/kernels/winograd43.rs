@@ -90,16 +90,7 @@ pub(crate) fn wins(d: Dims) -> bool {
 /// `x` [b, c, h, w] with `w` [o, c, 3, 3], padding 1, by F(4x4, 3x3) whatever the
 /// sizes, on `isa` (tests and benches).
 pub fn conv3x3_on(isa: Isa, x: &candle_core::Tensor, w: &candle_core::Tensor) -> Result<candle_core::Tensor> {
-    let (b, c, h, wd) = x.dims4()?;
-    let (o, wc, kh, kw) = w.dims4()?;
-    if (kh, kw) != (3, 3) || wc != c {
-        candle_core::bail!("winograd F(4x4, 3x3): kernel {:?} does not fit input {:?}", w.dims(), x.dims());
-    }
-    let xs = x.flatten_all()?.to_vec1::<f32>()?;
-    let ws = w.flatten_all()?.to_vec1::<f32>()?;
-    let mut out = vec![0f32; b * o * h * wd];
-    run(isa, &xs, Dims { batch: b, in_ch: c, out_ch: o, h, w: wd }, &ws, &mut out, false)?;
-    candle_core::Tensor::from_vec(out, (b, o, h, wd), x.device())
+    super::winograd::on_tensors("winograd F(4x4, 3x3)", x, w, |xs, d, ws, out| run(isa, xs, d, ws, out, false))
 }
 
 /// `out` [b, o, h, w] = conv(`x` [b, c, h, w], `weights` [o, c, 3, 3]), padding 1;
