@@ -66,25 +66,30 @@ pub(crate) fn scratch_bytes(d: Dims) -> usize {
     6 * u_rows_per_group(d.in_ch, d.out_ch) * d.in_ch * d.out_ch * 4 + 36 * 4 * (d.in_ch + d.out_ch) * p.tiles()
 }
 
-/// Smallest map side and channel count where F(4x4, 3x3) beats the direct kernel, and
-/// the most values in one of U's 36 matrices (see [`wins`]).
-const MIN_SIDE: usize = 32;
+/// Fewest tiles per call, fewest channels each way and most values in one of U's 36
+/// matrices where F(4x4, 3x3) beats the direct kernel (see [`wins`]).
+const MIN_TILES: usize = 256;
 const MIN_CHANNELS: usize = 256;
 const MAX_U_MATRIX: usize = 640 * 640;
 /// Most bytes of transformed kernel held at once: U is made a transform row (six of
 /// its 36 matrices) at a time where the whole would pass this.
 const U_CHUNK: usize = 16 << 20;
 
-/// Whether the layers run `d` by F(4x4, 3x3): maps of at least 32x32 with at least
-/// 256 channels each way and at most 640 x 640 of them. Each product streams one of
-/// U's matrices past a strip of tiles, so a matrix must stay in a core's L2 (2 MiB
-/// here; 640 x 640 is 1.6 MiB). `brume bench kernels --only conv3x3_`, Intel Xeon
-/// host, 2026-12-04, time against the direct kernel: 320 -> 320 at 64x64 0.77-0.93,
-/// 640 -> 640 at 32x32 0.66-0.89, but 1280 -> 1280 and 1920 -> 640 at 32x32 1.5-1.6
-/// (6.5 and 4.9 MiB matrices read from memory for 64 tiles each); 64 -> 64 at 256x256
-/// 1.2-1.3 (the transforms' memory passes outweigh what so few channels save).
+/// Whether the layers run `d` by F(4x4, 3x3): at least 256 tiles of 4x4 outputs (a
+/// 64x64 map) and 256..640 channels each way. U is made per call, so its cost must be
+/// spread over many tiles; each product streams one of U's matrices past a strip of
+/// tiles, so a matrix must stay in a core's L2 (2 MiB here; 640 x 640 is 1.6 MiB).
+/// Intel Xeon host, 2026-12-04, time against the direct kernel: `brume bench kernels
+/// --only conv3x3_` 320 -> 320 at 64x64 0.77-0.93; in whole models (`bench speed
+/// --modes fast --modes direct`, alternated in one process) the SD 1.5 UNet at 512 px
+/// 0.95 and its VAE decoder 0.79 with the 32x32 maps taken too, but the UNet at 256 px
+/// (32x32 maps only) 1.09 and SDXS at 512 px 1.04: 64 tiles do not repay U. Not taken
+/// either: 1280 -> 1280 and 1920 -> 640 at 32x32 (1.5-1.6x: 6.5 and 4.9 MiB matrices
+/// read from memory), 64 -> 64 at 256x256 (1.2-1.3x: the transforms' memory passes
+/// outweigh what so few channels save).
 pub(crate) fn wins(d: Dims) -> bool {
-    d.batch > 0 && d.h.min(d.w) >= MIN_SIDE && d.in_ch.min(d.out_ch) >= MIN_CHANNELS && d.in_ch * d.out_ch <= MAX_U_MATRIX
+    let tiles = d.batch * d.h.div_ceil(4) * d.w.div_ceil(4);
+    tiles >= MIN_TILES && d.in_ch.min(d.out_ch) >= MIN_CHANNELS && d.in_ch * d.out_ch <= MAX_U_MATRIX
 }
 
 /// `x` [b, c, h, w] with `w` [o, c, 3, 3], padding 1, by F(4x4, 3x3) whatever the
