@@ -61,14 +61,33 @@ impl Dims {
         if x.len() != batch * c * h * w || weights.len() != o * c * 9 || out.len() != batch * o * h * w {
             candle_core::bail!("{what}: buffer sizes do not match {self:?}");
         }
+        Ok(self.needs_compute(out))
+    }
+
+    /// Checks the buffers of a conv that reads the nearest-neighbour 2x upsampling of
+    /// `x` ([b, c, h / 2, w / 2]) in place, against these (the output's) sizes.
+    pub(crate) fn check_upsampled(&self, what: &str, x: &[f32], weights: &[f32], out: &[f32]) -> Result<()> {
+        let Dims { batch, in_ch: c, out_ch: o, h, w } = *self;
+        if !h.is_multiple_of(2) || !w.is_multiple_of(2) || x.len() != batch * c * (h / 2) * (w / 2) {
+            candle_core::bail!("{what} (upsampled): input of {} values is not the half-size map of {self:?}", x.len());
+        }
+        if weights.len() != o * c * 9 || out.len() != batch * o * h * w {
+            candle_core::bail!("{what} (upsampled): buffer sizes do not match {self:?}");
+        }
+        Ok(())
+    }
+
+    /// `false` when nothing is left to compute in `out`: it is empty, or there are no
+    /// input channels (then it is zeroed).
+    pub(crate) fn needs_compute(&self, out: &mut [f32]) -> bool {
         if out.is_empty() {
-            return Ok(false);
+            return false;
         }
-        if c == 0 {
+        if self.in_ch == 0 {
             out.fill(0.0);
-            return Ok(false);
+            return false;
         }
-        Ok(true)
+        true
     }
 }
 
@@ -394,28 +413,17 @@ pub(crate) fn run(isa: Isa, x: &[f32], d: Dims, weights: &[f32], out: &mut [f32]
 /// output's size takes the flat layout: the caller upsamples and runs [`run`].
 pub(crate) fn run_upsampled(isa: Isa, x: &[f32], d: Dims, weights: &[f32], out: &mut [f32]) -> Result<bool> {
     require(isa)?;
-    let Dims { batch, in_ch: c, out_ch: o, h, w } = d;
-    if !h.is_multiple_of(2) || !w.is_multiple_of(2) || x.len() != batch * c * (h / 2) * (w / 2) {
-        candle_core::bail!("conv3x3 (upsampled): input of {} values is not the half-size map of {d:?}", x.len());
-    }
-    if weights.len() != o * c * 9 || out.len() != batch * o * h * w {
-        candle_core::bail!("conv3x3 (upsampled): buffer sizes do not match {d:?}");
-    }
-    if !reads_upsampled(isa, batch, c, h, w) {
+    d.check_upsampled("conv3x3", x, weights, out)?;
+    if !reads_upsampled(isa, d.batch, d.in_ch, d.h, d.w) {
         return Ok(false);
     }
     if super::winograd::choose(d) == super::winograd::Choice::F4 {
         super::winograd43::run(isa, x, d, weights, out, true)?;
         return Ok(true);
     }
-    if out.is_empty() {
-        return Ok(true);
+    if d.needs_compute(out) {
+        rows(isa, x, d, weights, out, true);
     }
-    if c == 0 {
-        out.fill(0.0);
-        return Ok(true);
-    }
-    rows(isa, x, d, weights, out, true);
     Ok(true)
 }
 

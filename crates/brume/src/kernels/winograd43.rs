@@ -35,15 +35,15 @@ const KC: usize = 128;
 const CHUNK: usize = 16 << 20;
 
 /// How one convolution runs: `th x tw` tiles per image, `rows` tile rows per chunk.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Plan {
+#[derive(Debug, Clone, Copy)]
+struct Plan {
     th: usize,
     tw: usize,
     rows: usize,
 }
 
 impl Plan {
-    pub(crate) fn new(c: usize, o: usize, h: usize, w: usize) -> Self {
+    fn new(c: usize, o: usize, h: usize, w: usize) -> Self {
         let (th, tw) = (h.div_ceil(4), w.div_ceil(4));
         let per_row = 36 * 4 * (c + o) * tw;
         Self { th, tw, rows: (CHUNK / per_row.max(1)).clamp(1, th.max(1)) }
@@ -103,19 +103,14 @@ pub fn conv3x3_on(isa: Isa, x: &candle_core::Tensor, w: &candle_core::Tensor) ->
 /// upsampling in place (a decoder's upsampler: the doubled map is never formed).
 pub(crate) fn run(isa: Isa, x: &[f32], d: Dims, weights: &[f32], out: &mut [f32], up: bool) -> Result<()> {
     require(isa)?;
-    if up {
-        let Dims { batch, in_ch: c, out_ch: o, h, w } = d;
-        if !h.is_multiple_of(2) || !w.is_multiple_of(2) || x.len() != batch * c * (h / 2) * (w / 2) || weights.len() != o * c * 9 || out.len() != batch * o * h * w {
-            candle_core::bail!("winograd F(4x4, 3x3) (upsampled): buffer sizes do not match {d:?}");
-        }
-        if out.is_empty() {
-            return Ok(());
-        }
-        if c == 0 {
-            out.fill(0.0);
-            return Ok(());
-        }
-    } else if !d.check("winograd F(4x4, 3x3)", x, weights, out)? {
+    let what = "winograd F(4x4, 3x3)";
+    let work = if up {
+        d.check_upsampled(what, x, weights, out)?;
+        d.needs_compute(out)
+    } else {
+        d.check(what, x, weights, out)?
+    };
+    if !work {
         return Ok(());
     }
     run_on(isa, x, d, weights, out, up);
@@ -324,10 +319,9 @@ impl Product<'_> {
     unsafe fn on<S: Simd, const NV: usize>(&self, dst: *mut f32, ld: usize, width: usize) {
         let Self { a, strip, o, c } = *self;
         assert!(strip.len() >= c * NV * S::LANES && a.len() >= o * c && width <= NV * S::LANES);
-        let kc_max = KC;
         let mut k0 = 0;
         while k0 < c {
-            let kc = kc_max.min(c - k0);
+            let kc = KC.min(c - k0);
             let mut i0 = 0;
             while i0 < o {
                 let arows: [*const f32; MR] = std::array::from_fn(|i| a[(i0 + i).min(o - 1) * c + k0..].as_ptr());
