@@ -5,7 +5,7 @@ autocast, fused AdamW, grad clipping; random latents and text states (the step's
 on the data). Prints the median of 25 steps after 3 warm-up steps (compilation, with --compile).
 Run the variants alternately on an otherwise idle machine and compare medians:
 
-    for v in sdpa math "math --compile"; do /work/pyenv/bin/python tools/train/step_bench.py --attention $v; done
+    for v in sdpa math "math --compile" "math32 --compile"; do /work/pyenv/bin/python tools/train/step_bench.py --attention $v; done
 """
 
 import argparse
@@ -13,11 +13,12 @@ import time
 
 import torch
 from diffusers import UNet2DConditionModel
+from train_builtin import use_attention
 
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--attention", choices=["sdpa", "math"], default="sdpa")
+    p.add_argument("--attention", choices=["sdpa", "math", "math32"], default="sdpa")
     p.add_argument("--compile", action="store_true")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--threads", type=int, default=2)
@@ -31,10 +32,7 @@ def main():
         up_block_types=["UpBlock2D", "CrossAttnUpBlock2D", "CrossAttnUpBlock2D"],
         mid_block_type="UNetMidBlock2DCrossAttn", block_out_channels=[32, 64, 128], layers_per_block=1,
         attention_head_dim=1, cross_attention_dim=64, norm_num_groups=8)
-    if a.attention == "math":
-        from diffusers.models.attention_processor import AttnProcessor
-
-        unet.set_attn_processor(AttnProcessor())
+    use_attention(unet, a)  # the training script's own choice, so this times what it trains with
     fwd = torch.compile(unet) if a.compile else unet
     opt = torch.optim.AdamW(unet.parameters(), lr=1e-4, fused=True)
     bs = a.batch

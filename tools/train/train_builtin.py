@@ -237,7 +237,35 @@ def use_attention(model, a):
         from diffusers.models.attention_processor import AttnProcessor
 
         model.set_attn_processor(AttnProcessor())
+    elif a.attention == "math32":
+        model.set_attn_processor(Fp32ScoresAttention())
     return model
+
+
+class Fp32ScoresAttention:
+    """`--attention math32`: the plain path (batched matmul + softmax, so the fast backward of `math`) with
+    the scores, the softmax and the weighted sum of values in fp32 even under bf16 autocast; only the q/k/v
+    and output projections run in bf16. This takes suspect (1) of run 9 (bf16-rounded scores blurring the text
+    binding) out of a run without giving back the plain path's speed: at this UNet's sizes the fp32 score
+    matmuls are a small part of a step. Covers what this UNet's attention layers use: self- and
+    cross-attention on (batch, tokens, channels), no attention mask, no spatial or cross norms."""
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, temb=None,
+                 *args, **kwargs):
+        if hidden_states.ndim != 3 or attention_mask is not None or attn.spatial_norm is not None \
+                or attn.group_norm is not None or attn.norm_cross or attn.residual_connection:
+            raise ValueError("--attention math32 covers plain (batch, tokens, channels) attention only")
+        context = hidden_states if encoder_hidden_states is None else encoder_hidden_states
+        q = attn.head_to_batch_dim(attn.to_q(hidden_states))
+        k = attn.head_to_batch_dim(attn.to_k(context))
+        v = attn.head_to_batch_dim(attn.to_v(context))
+        with torch.autocast("cpu", enabled=False):
+            scores = torch.baddbmm(torch.empty(q.shape[0], q.shape[1], k.shape[1], dtype=torch.float32),
+                                   q.float(), k.float().transpose(-1, -2), beta=0, alpha=attn.scale)
+            out = torch.bmm(scores.softmax(dim=-1), v.float())
+        out = attn.batch_to_head_dim(out)
+        out = attn.to_out[1](attn.to_out[0](out))
+        return out / attn.rescale_output_factor
 
 
 def training_forward(model, a, what):
@@ -1232,8 +1260,9 @@ def parse_args():
     p.add_argument("--unet-heads", type=int, default=4,
                    help="attention heads per transformer (run 7 used 1: head dim = channels; 4 heads of dim 8-32 spend 40 %% of a CPU step in attention)")
     p.add_argument("--unet-groups", type=int, default=8)
-    p.add_argument("--attention", choices=["sdpa", "math"], default="sdpa",
-                   help="UNet attention in training: PyTorch's fused SDPA or plain matmul+softmax (math: 1.36x faster steps on 2 cores, run 9)")
+    p.add_argument("--attention", choices=["sdpa", "math", "math32"], default="sdpa",
+                   help="UNet attention in training: PyTorch's fused SDPA or plain matmul+softmax (math: 1.36x faster "
+                        "steps on 2 cores, run 9; math32: the same with scores and softmax in fp32 under --bf16)")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the UNet's training forward (run 9: 1.4x on top of --attention math, ~70 s to compile)")
     p.add_argument("--unet-lr", type=float, default=5e-4)
