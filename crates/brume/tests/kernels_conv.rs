@@ -340,8 +340,9 @@ fn linear_bf16_matches_the_rounded_f32_product() {
     }
     // k odd, in one panel and split evenly over several (801 values: 3 panels of
     // ~134 pairs), n with and without vector tails, m under a block, and tasks that
-    // walk several 48-row chunks against several column strips (m 100, n 801).
-    let shapes = [(1, 1, 1), (5, 7, 3), (6, 16, 16), (77, 64, 64), (130, 301, 257), (49, 33, 40), (300, 320, 33), (13, 640, 96), (100, 801, 70), (61, 390, 97), (100, 70, 801), (100, 801, 801)];
+    // walk several 48-row chunks against several column strips (m 100, n 801); past
+    // 192 rows the 4-vector block, in one panel of k and in three (k 2600).
+    let shapes = [(1, 1, 1), (5, 7, 3), (6, 16, 16), (77, 64, 64), (130, 301, 257), (49, 33, 40), (300, 320, 33), (13, 640, 96), (100, 801, 70), (61, 390, 97), (100, 70, 801), (100, 801, 801), (250, 2600, 131)];
     check_rounded_linear(linear_bf16, &shapes, 15);
 }
 
@@ -357,7 +358,7 @@ fn prepacked_bf16_weights_match_the_rounded_f32_products() {
         eprintln!("no AVX512-BF16 on this CPU: packed bf16 weights not run");
         return;
     }
-    let shapes = [(1, 1, 1), (5, 7, 3), (6, 16, 16), (77, 64, 64), (130, 301, 257), (49, 33, 40), (300, 320, 33), (13, 640, 96), (7, 1281, 70), (100, 801, 70), (100, 801, 801)];
+    let shapes = [(1, 1, 1), (5, 7, 3), (6, 16, 16), (77, 64, 64), (130, 301, 257), (49, 33, 40), (300, 320, 33), (13, 640, 96), (7, 1281, 70), (100, 801, 70), (100, 801, 801), (250, 2600, 131)];
     check_rounded_linear(linear_bf16_prepacked, &shapes, 20);
     check_rounded_linear(|a, w| conv1x1_bf16_prepacked(a, &w.t()?.contiguous()?), &shapes, 21);
 }

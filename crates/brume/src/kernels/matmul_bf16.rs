@@ -1,7 +1,7 @@
 //! The layers' matrix product with bf16 products and f32 sums (AVX512-BF16).
 //!
-//! [`super::matmul`]'s block (6 rows of A x 2 vectors of B's columns in registers)
-//! with `vdpbf16ps`: pairs run along k, so A is rounded into a table of (A[i][2p],
+//! [`super::matmul`]'s block (6 rows of A x 4 vectors of B's columns in registers,
+//! 2 for short products) with `vdpbf16ps`: pairs run along k, so A is rounded into a table of (A[i][2p],
 //! A[i][2p + 1]) words — adjacent values, half A's f32 size — and B into panels of
 //! pairs (B[2p][j], B[2p + 1][j]) per column. A weight on either side can be rounded
 //! once and kept by its layer ([`PackedPairRows`] for a 1x1 conv's kernel,
@@ -19,7 +19,7 @@ use rayon::prelude::*;
 #[cfg(target_arch = "x86_64")]
 use super::bf16::{pack_pairs, round_into};
 #[cfg(target_arch = "x86_64")]
-use super::matmul::{load_block, store_block};
+use super::matmul::{load_wide, store_wide};
 #[cfg(target_arch = "x86_64")]
 use super::simd::Avx512;
 use super::bf16::require;
@@ -29,11 +29,28 @@ use super::matmul::{check, BLayout, Split, MR};
 use super::SharedMut;
 
 const L: usize = 16;
-const NR: usize = 2 * L;
-/// Most pairs of k per packed panel: 192 x 32 words = 24 KB, an L1-resident strip.
+/// Vectors of B's columns per register block: 6 rows x 4 vectors hold 24 of the 32
+/// zmm registers, and each pair of k feeds 24 `vdpbf16ps` from 4 loads and 6
+/// broadcasts where 6 x 2 fed 12 from 2 and 6 (the f32 GEMM's `WIDE`).
+const WIDE: usize = 4;
+/// The narrow block, for products of at most SHORT_M rows whose B is rounded per call
+/// (as in the f32 GEMM: packing wide, deep strips per call costs short products more
+/// than the wide block saves them).
+const NARROW: usize = 2;
+const SHORT_M: usize = 192;
+/// Most pairs of k per panel of a narrow strip: 192 x 32 words = 24 KB, in L1.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const KCP: usize = 192;
-/// Rows per chunk: 48 rows x 192 pairs = 36 KB of A, reused from L1/L2 by every strip.
+/// Most pairs of k per panel of a wide strip: 640 x 64 words = 160 KB, so k <= 1280
+/// runs in one pass with the sums in registers and the strip streaming from L2 (the
+/// f32 GEMM's `PANEL_BYTES` rule); every further panel reloads and stores the output.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+const KCP_WIDE: usize = 640;
+/// Values of one column rounded at a time when packing an [n, k] B.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+const ROUND: usize = 192;
+/// Rows per chunk: 48 rows x 192 pairs = 36 KB of A (120 KB at 640), reused from L1/L2
+/// by every strip.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const MC: usize = 8 * MR;
 
@@ -90,8 +107,8 @@ impl PackedPairRows {
 }
 
 /// A right factor B [k, n] rounded to pairs and cut into the panels the tasks read:
-/// for each strip of NR columns, `kp` rows of NR pair words (B[2p][j] low, B[2p + 1][j]
-/// high), zero past n and k. Packed once, it saves every task its panel copy, which
+/// for each strip of 64 columns (the wide block's), `kp` rows of 64 pair words
+/// (B[2p][j] low, B[2p + 1][j] high), zero past n and k. Packed once, it saves every task its panel copy, which
 /// for the text encoder's 77-row products cost as much as the products.
 pub struct PackedStrips {
     data: Vec<u32>,
@@ -106,14 +123,15 @@ impl PackedStrips {
             candle_core::bail!("gemm bf16: B of {} values is too short for {k}x{n} ({bl:?})", b.len());
         }
         let kp = k.div_ceil(2);
-        let mut data = vec![0u32; n.div_ceil(NR) * kp * NR];
+        let nr = WIDE * L;
+        let mut data = vec![0u32; n.div_ceil(nr) * kp * nr];
         if kp > 0 {
-            data.par_chunks_mut(kp * NR).enumerate().for_each(|(s, strip)| {
-                let (j0, w) = (s * NR, NR.min(n - s * NR));
+            data.par_chunks_mut(kp * nr).enumerate().for_each(|(s, strip)| {
+                let (j0, w) = (s * nr, nr.min(n - s * nr));
                 #[cfg(target_arch = "x86_64")]
-                // SAFETY: AVX512-BF16 checked above; the strip holds kp rows of NR words.
+                // SAFETY: AVX512-BF16 checked above; the strip holds kp rows of nr words.
                 unsafe {
-                    pack_panel(b, bl, k, j0, w, 0, kp, strip)
+                    pack_panel(b, bl, k, j0, w, nr, 0, kp, strip)
                 }
                 #[cfg(not(target_arch = "x86_64"))]
                 let _ = (j0, w, &strip);
@@ -189,7 +207,12 @@ fn run(a: &PackedPairRows, n: usize, b: Right, dst: &mut [f32]) -> Result<()> {
         dst[..m * n].fill(0.0);
         return Ok(());
     }
-    let split = Split::new(m, n, NR);
+    // Packed strips are wide; B rounded per call takes the narrow block for short A.
+    let nv = match b {
+        Right::Raw { .. } if m <= SHORT_M => NARROW,
+        _ => WIDE,
+    };
+    let split = Split::new(m, n, nv * L);
     let out = SharedMut(dst.as_mut_ptr());
     let ap = &a.data;
     (0..split.tasks()).into_par_iter().for_each(|t| {
@@ -203,7 +226,11 @@ fn run(a: &PackedPairRows, n: usize, b: Right, dst: &mut [f32]) -> Result<()> {
             // SAFETY: AVX512-BF16 checked by every caller; the task writes only dst rows
             // `rows` x columns `cols`, disjoint from other tasks and inside dst.
             unsafe {
-                task(m, n, k, ap, b, rows, cols, &mut panel, out)
+                if nv == WIDE {
+                    task::<WIDE>(m, n, k, ap, b, rows, cols, &mut panel, out)
+                } else {
+                    task::<NARROW>(m, n, k, ap, b, rows, cols, &mut panel, out)
+                }
             }
             #[cfg(not(target_arch = "x86_64"))]
             let _ = (rows, cols, &mut panel, out, ap);
@@ -213,44 +240,44 @@ fn run(a: &PackedPairRows, n: usize, b: Right, dst: &mut [f32]) -> Result<()> {
 }
 
 /// Rounds pair rows `p0..p0 + pc` of B's columns `j0..j0 + w` into `panel` (pc rows
-/// of NR words), zeros past w and k.
+/// of nr words), zeros past w and k.
 ///
 /// SAFETY: AVX512-BF16; B holds those columns and rows (checked by the callers);
-/// `panel` holds at least pc * NR words.
+/// `panel` holds at least pc * nr words; w <= nr.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bf16,avx512bw")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn pack_panel(b: &[f32], bl: BLayout, k: usize, j0: usize, w: usize, p0: usize, pc: usize, panel: &mut [u32]) {
-    let panel = &mut panel[..pc * NR];
+unsafe fn pack_panel(b: &[f32], bl: BLayout, k: usize, j0: usize, w: usize, nr: usize, p0: usize, pc: usize, panel: &mut [u32]) {
+    let panel = &mut panel[..pc * nr];
     match bl {
         BLayout::KN { ld } => {
             for pp in 0..pc {
-                let (kk, dst) = (2 * (p0 + pp), &mut panel[pp * NR..(pp + 1) * NR]);
+                let (kk, dst) = (2 * (p0 + pp), &mut panel[pp * nr..(pp + 1) * nr]);
                 let lo = &b[kk * ld + j0..kk * ld + j0 + w];
                 let hi = (kk + 1 < k).then(|| &b[(kk + 1) * ld + j0..(kk + 1) * ld + j0 + w]);
-                // SAFETY: AVX-512 F and BW (the caller's features); dst has NR >= w words.
+                // SAFETY: AVX-512 F and BW (the caller's features); dst has nr >= w words.
                 unsafe { pack_pairs(lo, hi, dst.as_mut_ptr()) };
                 dst[w..].fill(0);
             }
         }
         BLayout::NK { ld } => {
             // Column j of B is row j0 + j of the [n, k] matrix: its k values from
-            // 2 p0 are adjacent, so they round straight into pair words, KCP at a time.
-            let mut col = [0u32; KCP];
-            if w < NR {
+            // 2 p0 are adjacent, so they round straight into pair words, ROUND at a time.
+            let mut col = [0u32; ROUND];
+            if w < nr {
                 panel.fill(0);
             }
             let mut c0 = 0;
             while c0 < pc {
-                let cc = KCP.min(pc - c0);
+                let cc = ROUND.min(pc - c0);
                 let (k0, k1) = (2 * (p0 + c0), (2 * (p0 + c0 + cc)).min(k));
                 for j in 0..w {
                     let at = (j0 + j) * ld;
                     col[..cc].fill(0);
-                    // SAFETY: AVX512-BF16 (the caller's); col holds 2 * KCP >= k1 - k0 values.
+                    // SAFETY: AVX512-BF16 (the caller's); col holds 2 * ROUND >= k1 - k0 values.
                     unsafe { round_into(&b[at + k0..at + k1], col.as_mut_ptr() as *mut u16) };
                     for (pp, &v) in col[..cc].iter().enumerate() {
-                        panel[(c0 + pp) * NR + j] = v;
+                        panel[(c0 + pp) * nr + j] = v;
                     }
                 }
                 c0 += cc;
@@ -259,21 +286,23 @@ unsafe fn pack_panel(b: &[f32], bl: BLayout, k: usize, j0: usize, w: usize, p0: 
     }
 }
 
-/// The task's product, GotoBLAS-style: for each panel of k (an even split of the
-/// pairs into at most KCP), B's strips for the task's columns are rounded (or found
+/// The task's product, GotoBLAS-style, in blocks of 6 rows x NV vectors: for each
+/// panel of k (an even split of the pairs into at most KCP, or KCP_WIDE for the wide
+/// block), B's strips for the task's columns are rounded (or found
 /// packed), then rows are taken MC at a time and each chunk runs against every strip.
 /// A chunk's pair rows (MC x pc words) stay in L1/L2 while the strips go by, and
-/// each strip (pc x NR words) in L1 while the chunk's row blocks go by; walking all
+/// each strip (pc x nr words) in L1 (narrow) or L2 (wide) while the chunk's row
+/// blocks go by; walking all
 /// rows per strip instead re-streamed A from L3 for every 32 columns (a 4096 x 320 x
 /// 2560 product ran at 230 GFLOP/s, the 320-column one at 310).
 ///
 /// SAFETY: AVX512-BF16; `out` is the m x n output of which only `rows` x `cols` is
-/// written; B's panels lie where `b` says (checked by the callers); `cols` starts on
-/// a multiple of NR.
+/// written; B's panels lie where `b` says (checked by the callers), packed strips
+/// NV vectors wide; `cols` starts on a multiple of NV * 16.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bf16,avx512bw")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn task(
+unsafe fn task<const NV: usize>(
     m: usize,
     n: usize,
     k: usize,
@@ -284,37 +313,38 @@ unsafe fn task(
     panel: &mut Vec<u32>,
     out: SharedMut,
 ) {
+    let nr = NV * L;
     let kp = k.div_ceil(2);
-    let panels = kp.div_ceil(KCP);
+    let panels = kp.div_ceil(if NV == WIDE { KCP_WIDE } else { KCP });
     let pc_max = kp.div_ceil(panels);
-    let strips = cols.len().div_ceil(NR);
-    if matches!(b, Right::Raw { .. }) && panel.len() < strips * pc_max * NR {
-        panel.resize(strips * pc_max * NR, 0);
+    let strips = cols.len().div_ceil(nr);
+    if matches!(b, Right::Raw { .. }) && panel.len() < strips * pc_max * nr {
+        panel.resize(strips * pc_max * nr, 0);
     }
     let mut p0 = 0;
     while p0 < kp {
         let pc = pc_max.min(kp - p0);
         if let Right::Raw { b, bl } = b {
             for s in 0..strips {
-                let j0 = cols.start + s * NR;
-                // SAFETY: forwarded; the scratch holds strips * pc_max * NR words.
-                unsafe { pack_panel(b, bl, k, j0, NR.min(n - j0), p0, pc, &mut panel[s * pc * NR..]) };
+                let j0 = cols.start + s * nr;
+                // SAFETY: forwarded; the scratch holds strips * pc_max * nr words.
+                unsafe { pack_panel(b, bl, k, j0, nr.min(n - j0), nr, p0, pc, &mut panel[s * pc * nr..]) };
             }
         }
         let strip = |s: usize| -> *const u32 {
             match b {
-                Right::Raw { .. } => panel[s * pc * NR..].as_ptr(),
-                // SAFETY: column strips start at multiples of NR (the split's spans are
-                // whole blocks), and strip j / NR has kp rows of NR words from p0 = 0.
-                Right::Strips(st) => unsafe { st.data.as_ptr().add(((cols.start / NR + s) * kp + p0) * NR) },
+                Right::Raw { .. } => panel[s * pc * nr..].as_ptr(),
+                // SAFETY: column strips start at multiples of nr (the split's spans are
+                // whole blocks), and strip j / nr has kp rows of nr words from p0 = 0.
+                Right::Strips(st) => unsafe { st.data.as_ptr().add(((cols.start / nr + s) * kp + p0) * nr) },
             }
         };
         let mut ic = rows.start;
         while ic < rows.end {
             let chunk_end = (ic + MC).min(rows.end);
             for s in 0..strips {
-                let (j0, bs) = (cols.start + s * NR, strip(s));
-                let w = NR.min(n - j0);
+                let (j0, bs) = (cols.start + s * nr, strip(s));
+                let w = nr.min(n - j0);
                 let mut i0 = ic;
                 while i0 < chunk_end {
                     let arows: [*const u32; MR] = std::array::from_fn(|i| {
@@ -325,11 +355,11 @@ unsafe fn task(
                     let live = MR.min(chunk_end - i0);
                     // SAFETY: rows i0..i0 + live < m, columns j0..j0 + w <= n: inside the output.
                     let at = unsafe { out.get().add(i0 * n + j0) };
-                    // SAFETY: as above; the strip holds pc pair-rows of NR words, each A pointer pc words.
+                    // SAFETY: as above; the strip holds pc pair-rows of nr words, each A pointer pc words.
                     unsafe {
-                        let mut acc = if p0 > 0 { load_block::<Avx512>(at, n, live, w) } else { [[_mm512_setzero_ps(); 2]; MR] };
-                        block(&mut acc, &arows, bs, pc);
-                        store_block::<Avx512>(&acc, at, n, live, w);
+                        let mut acc = if p0 > 0 { load_wide::<Avx512, NV>(at, n, live, w) } else { [[_mm512_setzero_ps(); NV]; MR] };
+                        block::<NV>(&mut acc, &arows, bs, pc);
+                        store_wide::<Avx512, NV>(&acc, at, n, live, w);
                     }
                     i0 += MR;
                 }
@@ -340,20 +370,25 @@ unsafe fn task(
     }
 }
 
-/// SAFETY: AVX512-BF16; each `a[i]` points at `pc` pair words, `b` at pc x NR words.
+/// SAFETY: AVX512-BF16; each `a[i]` points at `pc` pair words, `b` at pc x NV * 16 words.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bf16,avx512bw")]
 #[inline]
-unsafe fn block(acc: &mut [[__m512; 2]; MR], a: &[*const u32; MR], b: *const u32, pc: usize) {
+unsafe fn block<const NV: usize>(acc: &mut [[__m512; NV]; MR], a: &[*const u32; MR], b: *const u32, pc: usize) {
     unsafe {
         let mut r = *acc;
         for pp in 0..pc {
-            let b0: __m512bh = std::mem::transmute(_mm512_loadu_si512(b.add(pp * NR) as *const __m512i));
-            let b1: __m512bh = std::mem::transmute(_mm512_loadu_si512(b.add(pp * NR + L) as *const __m512i));
+            // A loop, not `array::from_fn`: a closure would not inherit this function's
+            // target features, and its loads would become calls.
+            let mut bs: [__m512bh; NV] = [std::mem::transmute::<__m512i, __m512bh>(_mm512_setzero_si512()); NV];
+            for (v, bv) in bs.iter_mut().enumerate() {
+                *bv = std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(b.add((pp * NV + v) * L) as *const __m512i));
+            }
             for i in 0..MR {
                 let av: __m512bh = std::mem::transmute(_mm512_set1_epi32(*a[i].add(pp) as i32));
-                r[i][0] = _mm512_dpbf16_ps(r[i][0], b0, av);
-                r[i][1] = _mm512_dpbf16_ps(r[i][1], b1, av);
+                for v in 0..NV {
+                    r[i][v] = _mm512_dpbf16_ps(r[i][v], bs[v], av);
+                }
             }
         }
         *acc = r;
