@@ -259,10 +259,8 @@ class Fp32ScoresAttention:
         q = attn.head_to_batch_dim(attn.to_q(hidden_states))
         k = attn.head_to_batch_dim(attn.to_k(context))
         v = attn.head_to_batch_dim(attn.to_v(context))
-        with torch.autocast("cpu", enabled=False):
-            scores = torch.baddbmm(torch.empty(q.shape[0], q.shape[1], k.shape[1], dtype=torch.float32),
-                                   q.float(), k.float().transpose(-1, -2), beta=0, alpha=attn.scale)
-            out = torch.bmm(scores.softmax(dim=-1), v.float())
+        with torch.autocast("cpu", enabled=False):  # diffusers' own scores + softmax, on fp32 factors
+            out = torch.bmm(attn.get_attention_scores(q.float(), k.float()), v.float())
         out = attn.batch_to_head_dim(out)
         out = attn.to_out[1](attn.to_out[0](out))
         return out / attn.rescale_output_factor
