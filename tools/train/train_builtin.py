@@ -18,6 +18,10 @@ Stages (each gets a share of `--budget-minutes`; see README.md):
   export  fp16 diffusers folder written to OUT/.model.tmp-PID, loaded back with
           StableDiffusionPipeline.from_pretrained (DDIM and LCM), then renamed to OUT/model
 
+`--device cuda` runs the stages up to the UNet's on a GPU (with `--stop-after unet`; the data parallel ranks and
+the LCM stage are CPU-only), for experiments such as tools/train/gpu_width.sh; `--vae-from DIR` starts from a
+trained autoencoder instead of the vae stage.
+
 Everything is seeded. Training stages run until their time share is spent (so the step counts depend on
 the machine; they are logged and written to OUT/model/training.json). Pass --vae-steps / --unet-steps /
 --lcm-steps to fix them instead (bit-reproducible on the same hardware and thread count).
@@ -220,7 +224,7 @@ def autocast(a):
     Weights, optimizer state and losses stay fp32; only the convolutions and matmuls run in bf16. On a CPU with
     AVX512-BF16 a VAE step is 1.3x faster and a UNet step ~1.08x; the time-boxed stages turn that into steps.
     """
-    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.bf16)
+    return torch.autocast(torch.device(a.device).type, dtype=torch.bfloat16, enabled=a.bf16)
 
 
 def use_attention(model, a):
@@ -259,7 +263,7 @@ class Fp32ScoresAttention:
         q = attn.head_to_batch_dim(attn.to_q(hidden_states))
         k = attn.head_to_batch_dim(attn.to_k(context))
         v = attn.head_to_batch_dim(attn.to_v(context))
-        with torch.autocast("cpu", enabled=False):  # diffusers' own scores + softmax, on fp32 factors
+        with torch.autocast(q.device.type, enabled=False):  # diffusers' own scores + softmax, on fp32 factors
             out = torch.bmm(attn.get_attention_scores(q.float(), k.float()), v.float())
         out = attn.batch_to_head_dim(out)
         out = attn.to_out[1](attn.to_out[0](out))
@@ -443,10 +447,11 @@ def grid(images, path, cols=8):
 def vae_psnr(vae, ho, bs=50):
     vae.eval()
     out = []
+    dev = vae.device
     with torch.no_grad():
         for i in range(0, len(ho), bs):
-            x = to_tensor(ho[i:i + bs])
-            out.append(vae.decode(vae.encode(x).latent_dist.mode()).sample.clamp(-1, 1))
+            x = to_tensor(ho[i:i + bs]).to(dev)
+            out.append(vae.decode(vae.encode(x).latent_dist.mode()).sample.clamp(-1, 1).cpu())
     vae.train()
     y = torch.cat(out)
     x = to_tensor(ho)
@@ -469,12 +474,15 @@ def hard_patches(y, x, frac):
 
 def stage_vae(a, budget, D, work):
     budget.begin("vae")
+    if a.vae_from:
+        return vae_from(a, budget, D)
     torch.manual_seed(a.seed)
     rng = np.random.default_rng(a.seed)
     vae = make_vae(a)
     with torch.no_grad():  # start with a nearly deterministic posterior (std e^-3): the decoder sees signal, not noise
         vae.quant_conv.bias[vae.config.latent_channels:].fill_(a.vae_logvar_init)
     log(f"VAE {a.vae_channels} groups {a.vae_groups}: {n_params(vae) / 1e6:.2f}M params")
+    vae.to(a.device)
     opt = torch.optim.AdamW(vae.parameters(), lr=a.vae_lr, betas=(0.9, 0.99), weight_decay=0.0, fused=True)
     images, ho = D["images"], D["ho_images"][:a.psnr_images]
     n, size, crop, bs = len(images), a.size, a.vae_crop, a.vae_batch
@@ -498,7 +506,7 @@ def stage_vae(a, budget, D, work):
             batch = np.stack([images[i, y:y + crop, x:x + crop] for i, x, y in zip(idx, ox, oy)])
         else:
             batch = images[idx]
-        x = to_tensor(batch)
+        x = to_tensor(batch).to(a.device)
         with autocast(a):
             dist = vae.encode(x).latent_dist
             y = vae.decode(dist.sample()).sample.float()
@@ -542,6 +550,19 @@ def stage_vae(a, budget, D, work):
                      if hist else None)
 
 
+def vae_from(a, budget, D):
+    """`--vae-from DIR`: an already trained autoencoder instead of the vae stage, for experiments on the later
+    stages (the VAE is the stage they cannot change); its held-out PSNR is measured as the stage would."""
+    from diffusers import AutoencoderKL
+
+    vae = AutoencoderKL.from_pretrained(a.vae_from, dtype=torch.float32).to(a.device)
+    vae.eval().requires_grad_(False)
+    psnr, _ = vae_psnr(vae, D["ho_images"][:a.psnr_images])
+    log(f"vae: loaded {a.vae_from} ({n_params(vae) / 1e6:.2f}M params); held-out reconstruction PSNR {psnr:.2f} dB")
+    budget.end("vae")
+    return vae, dict(loaded_from=str(a.vae_from), psnr_db=round(psnr, 2), psnr_images=min(len(D["ho_images"]), a.psnr_images))
+
+
 # --------------------------------------------------------------------------------------------------
 # encode
 
@@ -558,9 +579,9 @@ def stage_encode(a, budget, D, vae, work):
             if i >= need and time.time() > deadline:
                 log(f"encode: deadline reached, training on the first {i} of {len(images)} images")
                 break
-            d = vae.encode(to_tensor(images[i:i + 64])).latent_dist
-            means.append(d.mean.clone())
-            stds.append(d.std.clone())
+            d = vae.encode(to_tensor(images[i:i + 64]).to(a.device)).latent_dist
+            means.append(d.mean.cpu().clone())
+            stds.append(d.std.cpu().clone())
             if time.time() - last > a.log_every:
                 last = time.time()
                 log(f"encode: {i + 64} images ({(i + 64) / (time.time() - t):.0f} img/s)")
@@ -601,7 +622,7 @@ def sample_heldout(pipe, D, n, steps, guidance, seed, bs=16):
             gens = [torch.Generator().manual_seed(seed + i + j) for j in range(len(prompts))]
             im = pipe(prompts, num_inference_steps=steps, guidance_scale=guidance, generator=gens,
                       output_type="pt", height=D["size"], width=D["size"]).images
-            out.append(im * 2 - 1)
+            out.append(im.cpu() * 2 - 1)
     return torch.cat(out)
 
 
@@ -685,23 +706,28 @@ def stage_text(a, budget, D):
     budget.begin("text")
     torch.manual_seed(a.seed + 2)
     g = torch.Generator().manual_seed(a.seed + 2)
+    dev = torch.device(a.device)
     te = CLIPTextModel(text_config(a.text_hidden, a.text_layers, a.text_heads))
     labels = [spec_labels(s) for s in D["specs"][:len(D["tokens"])]]  # the encode stage may have cut the set
     fields = list(zip(*labels))
     vocab = [sorted(set(f)) for f in fields]
-    y = torch.tensor([[v.index(x) for v, x in zip(vocab, row)] for row in labels])
+    y = torch.tensor([[v.index(x) for v, x in zip(vocab, row)] for row in labels]).to(dev)
     heads = torch.nn.ModuleList([torch.nn.Linear(a.text_hidden, len(v)) for v in vocab])
     tokens = D["tokens"]
     eot = D["tokenizer"].eos_token_id
     first_eot = (tokens == eot).int().argmax(1)
     after = torch.arange(tokens.shape[1])[None, :] >= first_eot[:, None]  # positions that saw the whole caption
     n = len(tokens)
-    val = torch.arange(n - min(1000, n // 10), n)
+    val = torch.arange(n - min(1000, n // 10), n).to(dev)
+    te.to(dev)
+    heads.to(dev)
+    tokens, after = tokens.to(dev), after.to(dev)
     params = list(te.parameters()) + list(heads.parameters())
     nouns = a.text_noun_weight > 0
     if nouns:
-        noun, noun_y, noun_vocab = noun_labels(D["specs"][:n], tokens, D["tokenizer"])
-        noun_heads = torch.nn.ModuleList([torch.nn.Linear(a.text_hidden, len(v)) for v in noun_vocab])
+        noun, noun_y, noun_vocab = noun_labels(D["specs"][:n], D["tokens"], D["tokenizer"])
+        noun_heads = torch.nn.ModuleList([torch.nn.Linear(a.text_hidden, len(v)) for v in noun_vocab]).to(dev)
+        noun, noun_y = noun.to(dev), noun_y.to(dev)
         params += list(noun_heads.parameters())
     opt = torch.optim.AdamW(params, lr=a.text_lr, betas=(0.9, 0.99), weight_decay=0.01, fused=True)
     deadline = budget.deadline("text") - 5
@@ -737,7 +763,7 @@ def stage_text(a, budget, D):
         lr = cosine_lr(a.text_lr, step, 50, frac, floor=0.1)
         for pg in opt.param_groups:
             pg["lr"] = lr
-        idx = torch.randint(0, n - len(val), (bs,), generator=g)
+        idx = torch.randint(0, n - len(val), (bs,), generator=g).to(dev)
         loss, acc = forward(idx)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -808,20 +834,22 @@ def unet_batch(a, ac, g, bs, lat_mean, lat_std, sf, hidden, hidden_empty, tokens
     """One training batch: noisy latents, timesteps, noise, and the text condition (cached hidden states when the
     encoder is frozen, else token ids with the dropped captions emptied)."""
     n = len(hidden) if hidden is not None else len(tokens)
+    dev = hidden.device if hidden is not None else tokens.device
     idx = torch.randint(0, n, (bs,), generator=g)
     z = (lat_mean[idx] + lat_std[idx] * torch.randn(bs, *lat_mean.shape[1:], generator=g)) * sf
     drop = torch.rand(bs, generator=g) < a.cfg_dropout
+    idx_d, drop_d = idx.to(dev), drop.to(dev)
     if hidden is not None:
-        cond = hidden[idx].clone()
-        cond[drop] = hidden_empty
+        cond = hidden[idx_d].clone()
+        cond[drop_d] = hidden_empty
     else:
-        cond = tokens[idx].clone()
-        cond[drop] = empty
+        cond = tokens[idx_d].clone()
+        cond[drop_d] = empty
     noise = training_noise(z.shape, g, a.offset_noise)
     t = torch.randint(0, 1000, (bs,), generator=g)
     abar = ac[t].view(-1, 1, 1, 1)
     zt = abar.sqrt() * z + (1 - abar).sqrt() * noise
-    return zt, t, noise, abar, cond
+    return zt.to(dev), t.to(dev), noise.to(dev), abar.to(dev), cond
 
 
 def unet_loss(a, fwd, zt, t, noise, abar, h):
@@ -932,11 +960,11 @@ def stage_unet(a, budget, D, lat_mean, lat_std, sf, work, te):
     budget.begin("unet")
     torch.manual_seed(a.seed + 1)
     g = torch.Generator().manual_seed(a.seed + 1)
-    unet = use_attention(make_unet(a, a.text_hidden), a)
+    unet = use_attention(make_unet(a, a.text_hidden), a).to(a.device)
     fwd = training_forward(unet, a, "unet")
     log(f"text encoder {n_params(te) / 1e6:.2f}M params, UNet {a.unet_channels} x{a.unet_layers}: "
         f"{n_params(unet) / 1e6:.2f}M params")
-    tokens, empty = D["tokens"], D["empty"]
+    tokens, empty = D["tokens"].to(a.device), D["empty"].to(a.device)
     frozen = a.text_lr_mult == 0
     hidden = hidden_empty = None
     if frozen:
@@ -998,15 +1026,18 @@ def stage_unet(a, budget, D, lat_mean, lat_std, sf, work, te):
         opt.step()
         ema.update()
         step += 1
-        hist.append([loss.item(), mse.mean().item(), gn.item()])
+        # kept on the device until a log line needs them: a .item() per step would wait for the GPU every step
+        hist.append(torch.stack([loss.detach(), mse.detach().mean(), gn.detach()]))
         if time.time() - last > a.log_every:
             last = time.time()
+            hist = [h.tolist() if torch.is_tensor(h) else h for h in hist]
             m = np.mean(hist[-100:], 0)
             log(f"unet step {step} ({step * bs / (time.time() - start):.1f} samples/s, lr {lr:.2e}) "
                 f"loss {m[0]:.4f} mse {m[1]:.4f} gradnorm {m[2]:.2f}")
     if ranks > 1:
         stop_ranks(procs, store, ok=True)
         torch.set_num_threads(a.threads)
+    hist = [h.tolist() if torch.is_tensor(h) else h for h in hist]
     log(f"unet: {step} steps x {bs} = {step * bs} samples ({step * bs / len(tokens):.1f} epochs) in {time.time() - start:.0f}s")
 
     te.eval().requires_grad_(False)
@@ -1137,13 +1168,13 @@ def stage_lcm(a, budget, D, te, teacher, lat_mean, lat_std, sf, work):
 def write_pipeline(dst, te, tok, unet, vae, unet_lcm=None):
     """fp16 diffusers folder at dst (must not exist): SD1 pipeline with DDIM, the CLIP tokenizer copied
     from the SD1.5 fixture, and optionally unet_lcm/ + scheduler_lcm/."""
-    pipe = make_pipe(copy.deepcopy(te).half(), tok, copy.deepcopy(unet).half(), copy.deepcopy(vae).half(),
-                     ddim_scheduler())
+    pipe = make_pipe(copy.deepcopy(te).half().cpu(), tok, copy.deepcopy(unet).half().cpu(),
+                     copy.deepcopy(vae).half().cpu(), ddim_scheduler())
     pipe.save_pretrained(dst, safe_serialization=True)
     shutil.rmtree(dst / "tokenizer")
     shutil.copytree(TOKENIZER_SRC, dst / "tokenizer")
     if unet_lcm is not None:
-        copy.deepcopy(unet_lcm).half().save_pretrained(dst / "unet_lcm", safe_serialization=True)
+        copy.deepcopy(unet_lcm).half().cpu().save_pretrained(dst / "unet_lcm", safe_serialization=True)
         lcm_scheduler().save_pretrained(dst / "scheduler_lcm")
     for p in dst.rglob("*"):
         os.chmod(p, 0o755 if p.is_dir() else 0o644)  # save_pretrained leaves 0600 weight files
@@ -1206,7 +1237,11 @@ def parse_args():
     p.add_argument("--shares", default=DEFAULT_SHARES, help="relative stage time shares")
     p.add_argument("--world-bin", default=None, help="brume-world binary (built with cargo if not given)")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--stop-after", choices=["vae"], help="end after this stage, saving what it trained (for experiments)")
+    p.add_argument("--stop-after", choices=["data", "vae", "unet"],
+                   help="end after this stage, saving what it trained (data: the rendered cache; unet: OUT/stage2/)")
+    p.add_argument("--device", default="cpu",
+                   help="torch device for the training stages (cuda: a GPU; up to --stop-after unet, one rank)")
+    p.add_argument("--vae-from", default=None, help="a trained diffusers AutoencoderKL folder instead of the vae stage")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--bf16", action="store_true",
                    help="bf16 autocast for the VAE and UNet training passes (LCM distillation stays fp32: its Huber c is 1e-3)")
@@ -1291,6 +1326,8 @@ def parse_args():
     a = p.parse_args()
     if a.ranks < 1:
         p.error("--ranks must be at least 1")
+    if a.device != "cpu" and (a.ranks > 1 or a.stop_after not in ("data", "vae", "unet")):
+        p.error(f"--device {a.device} covers the stages up to the UNet's with one rank: it needs --ranks 1 and --stop-after unet")
     if a.ranks > 1 and a.text_lr_mult != 0:
         p.error("--ranks > 1 shares the frozen text encoder's cached outputs: it needs --text-lr-mult 0")
     if a.unet_batch % a.ranks:
@@ -1316,6 +1353,9 @@ def main():
     info = dict(args=vars(a), versions=versions)
 
     D = stage_data(a, budget)
+    if a.stop_after == "data":
+        log(f"done: {a.data} (--stop-after data)")
+        return
     D["size"] = a.size
     vae, info["vae"] = stage_vae(a, budget, D, work)
     if a.stop_after == "vae":
@@ -1340,6 +1380,9 @@ def main():
     (tmp / "training.json").write_text(json.dumps({**info, "stage": "unet", "timing_s": budget.timing}, indent=1))
     atomic_replace(tmp, out / "stage2")
     log(f"checkpoint: {out / 'stage2'} ({weights_mb(out / 'stage2'):.1f} MB of weights) in {time.time() - t:.1f}s")
+    if a.stop_after == "unet":
+        log(f"done: {out / 'stage2'} (--stop-after unet); stage times {budget.timing}")
+        return
 
     student, target, info["lcm"] = stage_lcm(a, budget, D, te, unet, lat_mean, lat_std, sf, work)
     evals = {}
