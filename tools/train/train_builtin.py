@@ -556,8 +556,8 @@ def vae_from(a, budget, D):
     from diffusers import AutoencoderKL
 
     vae = AutoencoderKL.from_pretrained(a.vae_from, dtype=torch.float32).to(a.device)
+    psnr, _ = vae_psnr(vae, D["ho_images"][:a.psnr_images])  # leaves the model in train mode
     vae.eval().requires_grad_(False)
-    psnr, _ = vae_psnr(vae, D["ho_images"][:a.psnr_images])
     log(f"vae: loaded {a.vae_from} ({n_params(vae) / 1e6:.2f}M params); held-out reconstruction PSNR {psnr:.2f} dB")
     budget.end("vae")
     return vae, dict(loaded_from=str(a.vae_from), psnr_db=round(psnr, 2), psnr_images=min(len(D["ho_images"]), a.psnr_images))
@@ -1003,7 +1003,7 @@ def stage_unet(a, budget, D, lat_mean, lat_std, sf, work, te):
             return 1
 
     start = last = time.time()
-    step, hist = 0, []
+    step, hist, pending = 0, [], []
     while stage_running(start, deadline, step, a.unet_steps):
         frac = progress(start, deadline, step, a.unet_steps)
         lr = cosine_lr(a.unet_lr, step, 200, frac, floor=0.1)
@@ -1027,17 +1027,19 @@ def stage_unet(a, budget, D, lat_mean, lat_std, sf, work, te):
         ema.update()
         step += 1
         # kept on the device until a log line needs them: a .item() per step would wait for the GPU every step
-        hist.append(torch.stack([loss.detach(), mse.detach().mean(), gn.detach()]))
+        pending.append(torch.stack([loss.detach(), mse.detach().mean(), gn.detach()]))
         if time.time() - last > a.log_every:
             last = time.time()
-            hist = [h.tolist() if torch.is_tensor(h) else h for h in hist]
+            hist += torch.stack(pending).tolist()
+            pending.clear()
             m = np.mean(hist[-100:], 0)
             log(f"unet step {step} ({step * bs / (time.time() - start):.1f} samples/s, lr {lr:.2e}) "
                 f"loss {m[0]:.4f} mse {m[1]:.4f} gradnorm {m[2]:.2f}")
     if ranks > 1:
         stop_ranks(procs, store, ok=True)
         torch.set_num_threads(a.threads)
-    hist = [h.tolist() if torch.is_tensor(h) else h for h in hist]
+    if pending:
+        hist += torch.stack(pending).tolist()
     log(f"unet: {step} steps x {bs} = {step * bs} samples ({step * bs / len(tokens):.1f} epochs) in {time.time() - start:.0f}s")
 
     te.eval().requires_grad_(False)
