@@ -73,14 +73,20 @@ pub fn run(e: Eval) -> anyhow::Result<()> {
     }
 }
 
-/// Lays out tiles (each resized to `tile` x `tile`) in rows, with a 2-px white grid.
+/// Lays out tiles in rows with a 2-px white grid. Each tile is scaled to `tile` pixels high and keeps its
+/// aspect ratio, so a wider picture (an outpainted canvas) shows its whole width and a seam would be visible.
 fn sheet(rows: &[Vec<image::RgbImage>], tile: u32) -> image::RgbImage {
-    let cols = rows.iter().map(|r| r.len()).max().unwrap_or(1) as u32;
-    let mut out = image::RgbImage::from_pixel(cols * (tile + 2), rows.len() as u32 * (tile + 2), image::Rgb([255, 255, 255]));
+    let width_of = |t: &image::RgbImage| (u64::from(t.width()) * u64::from(tile) / u64::from(t.height().max(1))).max(1) as u32;
+    let row_width = |r: &Vec<image::RgbImage>| r.iter().map(|t| width_of(t) + 2).sum::<u32>();
+    let width = rows.iter().map(row_width).max().unwrap_or(0).max(tile + 2);
+    let mut out = image::RgbImage::from_pixel(width, rows.len() as u32 * (tile + 2), image::Rgb([255, 255, 255]));
     for (r, row) in rows.iter().enumerate() {
-        for (c, t) in row.iter().enumerate() {
-            let t = image::imageops::resize(t, tile, tile, image::imageops::FilterType::Triangle);
-            image::imageops::replace(&mut out, &t, (c as u32 * (tile + 2) + 1) as i64, (r as u32 * (tile + 2) + 1) as i64);
+        let mut x = 1u32;
+        for t in row {
+            let w = width_of(t);
+            let t = image::imageops::resize(t, w, tile, image::imageops::FilterType::Triangle);
+            image::imageops::replace(&mut out, &t, i64::from(x), (r as u32 * (tile + 2) + 1) as i64);
+            x += w + 2;
         }
     }
     out
@@ -167,7 +173,7 @@ fn showcase(a: ShowcaseArgs) -> anyhow::Result<()> {
         &mut |_| Flow::Continue,
     )?;
     edits.push(to_rgb8(&out.image)?);
-    listing.push_str("row 1: source (ddim) | img2img 0.6 (edit prompt) | inpaint mask | inpainted left half (edit prompt) | outpainted to the right (prompt), shown squeezed\n");
+    listing.push_str("row 1: source (ddim) | img2img 0.6 (edit prompt) | inpaint mask | inpainted left half (edit prompt) | outpainted by half a tile to the right (prompt), at its full width\n");
     let img = sheet(&[samplers_row, edits], size as u32);
     save_png(&img, &a.out, None).with_context(|| format!("writing {}", a.out.display()))?;
     let txt = a.out.with_extension("txt");
