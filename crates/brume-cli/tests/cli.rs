@@ -162,6 +162,16 @@ fn eval_adherence_prints_the_table_and_writes_a_contact_sheet() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let img = image::open(&show).unwrap();
     assert_eq!((img.width(), img.height()), (11 * t, 2 * t), "11 samplers; 5 edit tiles");
+    assert!(std::fs::read_to_string(show.with_extension("txt")).unwrap().contains("outpainted"));
+
+    // A sheet named .txt would be overwritten by its own legend: refused before anything is generated.
+    let txt = tmp.path().join("legend.txt");
+    for cmd in [["eval", "adherence", "--sheet"], ["eval", "showcase", "--out"]] {
+        let out = brume().args(cmd).arg(&txt).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(".png name"), "{err}");
+    }
+    assert!(!txt.exists());
 }
 
 #[test]

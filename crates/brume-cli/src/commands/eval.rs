@@ -2,6 +2,7 @@
 //! held-out prompts, with a contact sheet a person can look at.
 
 use std::collections::BTreeMap;
+use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -73,26 +74,48 @@ pub fn run(e: Eval) -> anyhow::Result<()> {
     }
 }
 
-/// Lays out tiles in rows with a 2-px white grid. Each tile is scaled to `tile` pixels high and keeps its
+/// Lays out tiles in rows with a 2-px grey grid (grey, so a white tile such as a mask keeps its edges).
+/// Each tile is scaled to `tile` pixels high and keeps its
 /// aspect ratio, so a wider picture (an outpainted canvas) shows its whole width and a seam would be visible.
 fn sheet(rows: &[Vec<image::RgbImage>], tile: u32) -> image::RgbImage {
     let width_of = |t: &image::RgbImage| (u64::from(t.width()) * u64::from(tile) / u64::from(t.height().max(1))).max(1) as u32;
     let row_width = |r: &Vec<image::RgbImage>| r.iter().map(|t| width_of(t) + 2).sum::<u32>();
     let width = rows.iter().map(row_width).max().unwrap_or(0).max(tile + 2);
-    let mut out = image::RgbImage::from_pixel(width, rows.len() as u32 * (tile + 2), image::Rgb([255, 255, 255]));
+    let mut out = image::RgbImage::from_pixel(width, rows.len() as u32 * (tile + 2), image::Rgb([128, 128, 128]));
     for (r, row) in rows.iter().enumerate() {
         let mut x = 1u32;
         for t in row {
             let w = width_of(t);
-            let t = image::imageops::resize(t, w, tile, image::imageops::FilterType::Triangle);
-            image::imageops::replace(&mut out, &t, i64::from(x), (r as u32 * (tile + 2) + 1) as i64);
+            let y = i64::from(r as u32 * (tile + 2) + 1);
+            if t.height() == tile {
+                // Already tile-high: copied as it is, so the sheet shows the generated pixels.
+                image::imageops::replace(&mut out, t, i64::from(x), y);
+            } else {
+                let t = image::imageops::resize(t, w, tile, image::imageops::FilterType::Triangle);
+                image::imageops::replace(&mut out, &t, i64::from(x), y);
+            }
             x += w + 2;
         }
     }
     out
 }
 
+/// Where a sheet's legend goes: a `.txt` beside it. Checked before any image is
+/// generated, since a sheet named `.txt` would be overwritten by its own legend.
+fn listing_path(sheet: &std::path::Path) -> anyhow::Result<PathBuf> {
+    let txt = sheet.with_extension("txt");
+    if txt == sheet {
+        bail!("{}: the contact sheet is a PNG and its legend goes to a .txt beside it; give the sheet a .png name", sheet.display());
+    }
+    Ok(txt)
+}
+
+fn write_listing(txt: &std::path::Path, text: &str) -> anyhow::Result<()> {
+    brume::util::atomic_write(txt, |w| w.write_all(text.as_bytes())).with_context(|| format!("writing {}", txt.display()))
+}
+
 fn showcase(a: ShowcaseArgs) -> anyhow::Result<()> {
+    let txt = listing_path(&a.out)?;
     let model = a.model.open()?;
     let size = model.default_size();
     let base = GenerationRequest {
@@ -176,8 +199,7 @@ fn showcase(a: ShowcaseArgs) -> anyhow::Result<()> {
     listing.push_str("row 1: source (ddim) | img2img 0.6 (edit prompt) | inpaint mask | inpainted left half (edit prompt) | outpainted by half a tile to the right (prompt), at its full width\n");
     let img = sheet(&[samplers_row, edits], size as u32);
     save_png(&img, &a.out, None).with_context(|| format!("writing {}", a.out.display()))?;
-    let txt = a.out.with_extension("txt");
-    std::fs::write(&txt, format!("prompt: {}\nedit prompt: {}\n{listing}", a.prompt, a.edit_prompt))?;
+    write_listing(&txt, &format!("prompt: {}\nedit prompt: {}\n{listing}", a.prompt, a.edit_prompt))?;
     println!("wrote {} (legend: {})", a.out.display(), txt.display());
     Ok(())
 }
@@ -245,6 +267,7 @@ fn adherence(a: AdherenceArgs) -> anyhow::Result<()> {
     if a.count == 0 || a.columns == 0 {
         bail!("--count and --columns must be positive");
     }
+    let txt = listing_path(&a.sheet)?;
     let model = a.model.open()?;
     let size = model.default_size();
     let sampler = a.sampler.as_deref().map(SamplerKind::parse).transpose()?;
@@ -276,22 +299,15 @@ fn adherence(a: AdherenceArgs) -> anyhow::Result<()> {
     println!("{:.2} images/s ({:.1} s in all)", prompts.len() as f64 / secs, secs);
 
     // Contact sheet: tiles in prompt order, prompts in a text file beside it.
-    let tile = size as u32;
-    let cols = a.columns.min(tiles.len() as u32);
-    let rows = (tiles.len() as u32).div_ceil(cols);
-    let mut sheet = image::RgbImage::from_pixel(cols * (tile + 2), rows * (tile + 2), image::Rgb([255, 255, 255]));
-    for (i, t) in tiles.iter().enumerate() {
-        let (x, y) = ((i as u32 % cols) * (tile + 2) + 1, (i as u32 / cols) * (tile + 2) + 1);
-        image::imageops::replace(&mut sheet, t, x as i64, y as i64);
-    }
-    save_png(&sheet, &a.sheet, None).with_context(|| format!("writing {}", a.sheet.display()))?;
+    let cols = (a.columns as usize).min(tiles.len());
+    let rows: Vec<Vec<image::RgbImage>> = tiles.chunks(cols).map(<[_]>::to_vec).collect();
+    save_png(&sheet(&rows, size as u32), &a.sheet, None).with_context(|| format!("writing {}", a.sheet.display()))?;
     let listing: String = prompts
         .iter()
         .enumerate()
-        .map(|(i, (c, s))| format!("{:>4} row {} col {}  seed {s}  {c}\n", i, i as u32 / cols, i as u32 % cols))
+        .map(|(i, (c, s))| format!("{:>4} row {} col {}  seed {s}  {c}\n", i, i / cols, i % cols))
         .collect();
-    let txt = a.sheet.with_extension("txt");
-    std::fs::write(&txt, listing).with_context(|| format!("writing {}", txt.display()))?;
+    write_listing(&txt, &listing)?;
     println!("contact sheet {} (prompts: {})", a.sheet.display(), txt.display());
     Ok(())
 }
