@@ -209,12 +209,14 @@ pub fn precision(a: PrecisionArgs) -> anyhow::Result<()> {
         drop(model);
     }
     let reference = &rows[0];
+    // Wide enough for the longest tier name (a policy file's path can be long).
+    let w = rows.iter().map(|r| r.tier.chars().count()).max().unwrap_or(0).max(20);
     println!(
         "precision tiers of {} at {size}x{size}, {} steps, guidance {}, seed {}; quality against `{}`",
         source.name, a.steps, a.guidance, a.seed, reference.tier
     );
     println!(
-        "{:<20} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10} {:>11} {:>9} {:>9}",
+        "{:<w$} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10} {:>11} {:>9} {:>9}",
         "tier", "text MiB", "vae-e MiB", "unet MiB", "vae-d MiB", "total MiB", "peak RSS", "priv. dirty", "s/step", "PSNR dB"
     );
     for r in &rows {
@@ -222,7 +224,7 @@ pub fn precision(a: PrecisionArgs) -> anyhow::Result<()> {
         let total: usize = r.bytes.values().sum();
         let p = psnr(&r.image, &reference.image).map(|p| if p.is_finite() { format!("{p:.1}") } else { "exact".into() }).unwrap_or_else(|| "-".into());
         println!(
-            "{:<20} {:>9} {:>9} {:>9} {:>9} {:>10.2} {:>10} {:>11} {:>9} {:>9}",
+            "{:<w$} {:>9} {:>9} {:>9} {:>9} {:>10.2} {:>10} {:>11} {:>9} {:>9}",
             r.tier,
             b(Segment::TextEncoder),
             b(Segment::VaeEncoder),
@@ -241,14 +243,14 @@ pub fn precision(a: PrecisionArgs) -> anyhow::Result<()> {
         println!();
         let steps = a.adherence_steps.map(|s| s.to_string()).unwrap_or_else(|| "default".into());
         println!("prompt adherence (% correct) on {} held-out prompts, {steps} steps, guidance 5, the model's sampler", a.adherence);
-        print!("{:<20}", "tier");
+        print!("{:<w$}", "tier");
         for at in &attrs {
             print!(" {:>17}", at);
         }
         println!(" {:>8}", "all");
         for r in &rows {
             let Some(s) = &r.adherence else { continue };
-            print!("{:<20}", r.tier);
+            print!("{:<w$}", r.tier);
             for at in &attrs {
                 let (ok, n) = s.attributes.get(at).copied().unwrap_or((0, 0));
                 print!(" {:>17}", if n == 0 { "-".to_string() } else { format!("{:.1}", 100.0 * ok as f64 / n as f64) });

@@ -24,10 +24,11 @@ use super::scheme::Scheme;
 
 /// Output channels sharing one lookup table in the 4-bit presets: one table per
 /// channel. Measured on the built-in model (README, precision tiers), a table per 16
-/// channels cost int4-attn-fp16 16 (run 5) and 24.5 (run 8) points of background-texture
-/// accuracy against fp32; one per channel keeps every attribute within 3 points, for 13% more UNet
-/// bytes at that tiny width and ~2% at SD 1.5's (32 bytes of table per channel of
-/// 320+ x 9 weights). `palettize4-g16` in a policy file still gives the coarser one.
+/// channels cost int4-attn-fp16 16 (run 5), 24.5 (run 8) and 5.5 (run 13) points of
+/// background-texture accuracy against fp32; one per channel kept every attribute within
+/// 3 (run 8) and 4.5 (run 13) points, for 13% more UNet bytes at that tiny width and ~2% at
+/// SD 1.5's (32 bytes of table per channel of 320+ x 9 weights). `palettize4-g16` in a
+/// policy file still gives the coarser one.
 pub const PRESET_LUT_GROUP: usize = 1;
 
 /// The projections the `-attn-fp16` presets keep at fp16: diffusers' attention
