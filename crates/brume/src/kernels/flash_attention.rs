@@ -286,23 +286,26 @@ unsafe fn tile<S: Simd, const NV: usize, const MK: usize, const MD: usize>(
                 break;
             }
             let bc = BC.min(vw.nk - j0);
-            // Scores S^T = K Q^T for this key tile.
+            // Scores S^T = K Q^T for this key tile, with each query's maximum over the
+            // tile taken from the registers (the softmax then reads the scores once).
+            let mut tile_max = [S::splat(f32::NEG_INFINITY); NV];
             let mut j = 0;
             while j < bc {
                 let rows = MK.min(bc - j);
-                qk_rows::<S, NV>(rows, kp.add((j0 + j) * vw.ks[2]), vw.ks[2], qt, br, d, st.add(j * br));
+                qk_rows::<S, NV>(rows, kp.add((j0 + j) * vw.ks[2]), vw.ks[2], qt, br, d, st.add(j * br), &mut tile_max);
                 j += rows;
             }
             if vw.causal {
+                // Masking lowers scores after the fact: the maximum is taken afresh.
                 mask_future_keys(st, br, bc, j0, q0);
+                for (vi, t) in tile_max.iter_mut().enumerate() {
+                    *t = (0..bc).fold(S::splat(f32::NEG_INFINITY), |mx, jj| S::max(mx, S::load(st.add(jj * br + vi * l))));
+                }
             }
             // Online softmax: new running maximum, rescale factor, exponentials, sums.
             for vi in 0..NV {
                 let o = vi * l;
-                let mut mx = S::load(mp.add(o));
-                for jj in 0..bc {
-                    mx = S::max(mx, S::load(st.add(jj * br + o)));
-                }
+                let mx = S::max(S::load(mp.add(o)), tile_max[vi]);
                 let alpha = S::exp2(S::sub(S::load(mp.add(o)), mx));
                 let mut sum = S::splat(0.0);
                 for jj in 0..bc {
@@ -367,6 +370,7 @@ pub(super) unsafe fn write_rows(out: *mut f32, stride: usize, ot: *const f32, l:
 }
 
 /// Scores for `rows` consecutive keys, dispatched to a register block of that height.
+#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 unsafe fn qk_rows<S: Simd, const NV: usize>(
     rows: usize,
@@ -376,21 +380,24 @@ unsafe fn qk_rows<S: Simd, const NV: usize>(
     br: usize,
     d: usize,
     st: *mut f32,
+    mx: &mut [S::V; NV],
 ) {
     // SAFETY: forwarded; `rows` keys exist from `k`.
     unsafe {
         match rows {
-            1 => qk_block::<S, NV, 1>(k, ks, qt, br, d, st),
-            2 => qk_block::<S, NV, 2>(k, ks, qt, br, d, st),
-            3 => qk_block::<S, NV, 3>(k, ks, qt, br, d, st),
-            4 => qk_block::<S, NV, 4>(k, ks, qt, br, d, st),
-            5 => qk_block::<S, NV, 5>(k, ks, qt, br, d, st),
-            _ => qk_block::<S, NV, 6>(k, ks, qt, br, d, st),
+            1 => qk_block::<S, NV, 1>(k, ks, qt, br, d, st, mx),
+            2 => qk_block::<S, NV, 2>(k, ks, qt, br, d, st, mx),
+            3 => qk_block::<S, NV, 3>(k, ks, qt, br, d, st, mx),
+            4 => qk_block::<S, NV, 4>(k, ks, qt, br, d, st, mx),
+            5 => qk_block::<S, NV, 5>(k, ks, qt, br, d, st, mx),
+            _ => qk_block::<S, NV, 6>(k, ks, qt, br, d, st, mx),
         }
     }
 }
 
-/// `st[r][lanes] = sum_d k[r][d] * qt[d][lanes]` for R keys and NV vectors of queries.
+/// `st[r][lanes] = sum_d k[r][d] * qt[d][lanes]` for R keys and NV vectors of
+/// queries, and `mx[v] = max(mx[v], st[r][v's lanes])` over those keys.
+#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 unsafe fn qk_block<S: Simd, const NV: usize, const R: usize>(
     k: *const f32,
@@ -399,6 +406,7 @@ unsafe fn qk_block<S: Simd, const NV: usize, const R: usize>(
     br: usize,
     d: usize,
     st: *mut f32,
+    mx: &mut [S::V; NV],
 ) {
     // SAFETY: R key rows of d floats from `k`, d rows of br floats at `qt`, R rows of br at `st`.
     unsafe {
@@ -415,6 +423,7 @@ unsafe fn qk_block<S: Simd, const NV: usize, const R: usize>(
         for (r, acc_r) in acc.iter().enumerate() {
             for (v, &a) in acc_r.iter().enumerate() {
                 S::store(st.add(r * br + v * S::LANES), a);
+                mx[v] = S::max(mx[v], a);
             }
         }
     }
