@@ -44,6 +44,14 @@ impl Conv2d {
         Ok(Self { weight, bias, cfg, exact })
     }
 
+    /// Keeps this conv's products in f32 under bf16 compute, for a network's first or
+    /// last convolution whose weight name does not say so (TAESD's are
+    /// `layers.N`, not `conv_in` / `conv_out`): see [`super::f32_products`].
+    pub fn with_f32_products(mut self) -> Self {
+        self.exact = true;
+        self
+    }
+
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         self.forward_with(x, Fuse::default())
     }

@@ -78,7 +78,9 @@ pub fn segment_weights(model: &SdModel, seg: Segment, dtype: DType) -> SegmentWe
     let (component, prefixes) = seg.weights();
     let mut w = SegmentWeights::default();
     // Under `--compute bf16`, each in-place f32 conv and linear weight keeps a bf16
-    // copy packed for its kernel (layers::mapped): half its bytes, private.
+    // copy packed for its kernel (layers::mapped): half its bytes, private. (TAESD's
+    // first and last convs keep f32 products by position, not by name, so they are
+    // counted here though they make no copy: at most a few KiB over, on the safe side.)
     let bf16_copies = crate::kernels::bf16_copies_for(dtype);
     for (name, t) in model.store(component).iter() {
         if !prefixes.is_empty() && !prefixes.iter().any(|p| name.starts_with(p)) {

@@ -152,13 +152,17 @@ impl<'a> Sequential<'a> {
         self.w.pp(self.index - 1)
     }
 
-    fn conv(&mut self, i: usize, o: usize, stride: usize, bias: bool) -> Result<(), LoadError> {
+    /// A 3x3 conv; `outer` marks the network's first or last one, which keeps f32
+    /// products under bf16 compute as every network's `conv_in` / `conv_out` does
+    /// ([`crate::layers::f32_products`]).
+    fn conv(&mut self, i: usize, o: usize, stride: usize, bias: bool, outer: bool) -> Result<(), LoadError> {
         let cfg = Conv2dConfig {
             kernel: 3,
             stride,
             padding: 1,
         };
         let c = Conv2d::load(&self.next(), i, o, cfg, bias)?;
+        let c = if outer { c.with_f32_products() } else { c };
         // A 2x upsampling right before a stride-1 conv is read by the conv in place.
         if stride == 1 && matches!(self.layers.last(), Some(Layer::Upsample(2))) {
             self.layers.pop();
@@ -212,16 +216,16 @@ impl TinyEncoder {
         let mut s = Sequential::new(loader.root().pp("encoder").pp("layers"));
         for (i, (&ch, &blocks)) in cfg.encoder_block_out_channels.iter().zip(&cfg.num_encoder_blocks).enumerate() {
             if i == 0 {
-                s.conv(cfg.in_channels, ch, 1, true)?;
+                s.conv(cfg.in_channels, ch, 1, true, true)?;
             } else {
-                s.conv(ch, ch, 2, false)?;
+                s.conv(ch, ch, 2, false, false)?;
             }
             for _ in 0..blocks {
                 s.block(ch, cfg.act_fn)?;
             }
         }
         let last = *cfg.encoder_block_out_channels.last().unwrap_or(&0);
-        s.conv(last, cfg.latent_channels, 1, true)?;
+        s.conv(last, cfg.latent_channels, 1, true, true)?;
         let layers = s.layers;
         Ok(Self { layers })
     }
@@ -248,7 +252,7 @@ impl TinyDecoder {
     pub fn from_loader(loader: &Loader, cfg: &AutoencoderTinyConfig) -> Result<Self, LoadError> {
         let mut s = Sequential::new(loader.root().pp("decoder").pp("layers"));
         let chans = &cfg.decoder_block_out_channels;
-        s.conv(cfg.latent_channels, chans[0], 1, true)?;
+        s.conv(cfg.latent_channels, chans[0], 1, true, true)?;
         s.act(cfg.act_fn);
         let n = chans.len();
         for (i, (&ch, &blocks)) in chans.iter().zip(&cfg.num_decoder_blocks).enumerate() {
@@ -260,7 +264,7 @@ impl TinyDecoder {
                 s.upsample(cfg.upsampling_scaling_factor);
             }
             let out = if last { cfg.out_channels } else { ch };
-            s.conv(ch, out, 1, last)?;
+            s.conv(ch, out, 1, last, last)?;
         }
         let layers = s.layers;
         Ok(Self { layers })
