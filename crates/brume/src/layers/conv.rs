@@ -52,6 +52,11 @@ impl Conv2d {
         self
     }
 
+    /// Whether this conv multiplies in f32 under bf16 compute.
+    pub fn keeps_f32_products(&self) -> bool {
+        self.exact
+    }
+
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         self.forward_with(x, Fuse::default())
     }

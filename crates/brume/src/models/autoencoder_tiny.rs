@@ -275,3 +275,43 @@ impl TinyDecoder {
         (run(&self.layers, &x)? * 2.0)? - 1.0
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Under bf16 compute the network's first and last convolutions stay f32 (their
+    /// names, `layers.N`, do not say `conv_in` / `conv_out`), the others round.
+    #[test]
+    fn outer_convs_keep_f32_products() {
+        let cfg = AutoencoderTinyConfig {
+            in_channels: 3,
+            out_channels: 3,
+            encoder_block_out_channels: vec![8, 8],
+            decoder_block_out_channels: vec![8, 8],
+            num_encoder_blocks: vec![1, 1],
+            num_decoder_blocks: vec![1, 1],
+            latent_channels: 4,
+            act_fn: Activation::Relu,
+            upsampling_scaling_factor: 2,
+            scaling_factor: 1.0,
+            shift_factor: 0.0,
+        };
+        let flags = |layers: &[Layer]| -> Vec<bool> {
+            layers
+                .iter()
+                .flat_map(|l| match l {
+                    Layer::Conv(c, ..) => vec![c.keeps_f32_products()],
+                    Layer::Block(b) => b.convs.iter().map(Conv2d::keeps_f32_products).collect(),
+                    _ => vec![],
+                })
+                .collect()
+        };
+        let dec = TinyDecoder::from_loader(&WeightStore::recorder("decoder", &Device::Cpu, DType::F32), &cfg).unwrap();
+        let enc = TinyEncoder::from_loader(&WeightStore::recorder("encoder", &Device::Cpu, DType::F32), &cfg).unwrap();
+        for f in [flags(&dec.layers), flags(&enc.layers)] {
+            assert!(f.len() > 2 && f[0] && f[f.len() - 1], "{f:?}");
+            assert!(f[1..f.len() - 1].iter().all(|&x| !x), "{f:?}");
+        }
+    }
+}
