@@ -75,8 +75,8 @@ pub fn run(e: Eval) -> anyhow::Result<()> {
 }
 
 /// Lays out tiles in rows with a 2-px grey grid (grey, so a white tile such as a mask keeps its edges).
-/// Each tile is scaled to `tile` pixels high and keeps its
-/// aspect ratio, so a wider picture (an outpainted canvas) shows its whole width and a seam would be visible.
+/// Each tile is scaled to `tile` pixels high and keeps its aspect ratio, so a wider picture (an
+/// outpainted canvas) shows its whole width and a seam would be visible.
 fn sheet(rows: &[Vec<image::RgbImage>], tile: u32) -> image::RgbImage {
     let width_of = |t: &image::RgbImage| (u64::from(t.width()) * u64::from(tile) / u64::from(t.height().max(1))).max(1) as u32;
     let row_width = |r: &Vec<image::RgbImage>| r.iter().map(|t| width_of(t) + 2).sum::<u32>();
@@ -87,13 +87,15 @@ fn sheet(rows: &[Vec<image::RgbImage>], tile: u32) -> image::RgbImage {
         for t in row {
             let w = width_of(t);
             let y = i64::from(r as u32 * (tile + 2) + 1);
-            if t.height() == tile {
-                // Already tile-high: copied as it is, so the sheet shows the generated pixels.
-                image::imageops::replace(&mut out, t, i64::from(x), y);
+            // A tile already tile-high is copied as it is, so the sheet shows the generated pixels.
+            let scaled;
+            let t = if t.height() == tile {
+                t
             } else {
-                let t = image::imageops::resize(t, w, tile, image::imageops::FilterType::Triangle);
-                image::imageops::replace(&mut out, &t, i64::from(x), y);
-            }
+                scaled = image::imageops::resize(t, w, tile, image::imageops::FilterType::Triangle);
+                &scaled
+            };
+            image::imageops::replace(&mut out, t, i64::from(x), y);
             x += w + 2;
         }
     }

@@ -199,7 +199,7 @@ impl CustomOp3 for Bf16Attention {
 mod x86 {
     pub(super) use super::super::bf16::bf16_bits;
     pub(super) use super::super::flash_attention;
-    pub(super) use super::super::simd::{Avx512, Simd};
+    pub(super) use super::super::simd::{Avx512, Simd, EXP2_C, EXP2_MIN};
     pub(super) use std::arch::x86_64::*;
 
     /// Lanes of a zmm register.
@@ -402,15 +402,15 @@ unsafe fn softmax_step(
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 unsafe fn exp2_nonpositive(x: __m512) -> __m512 {
-    // ln(2)^k / k!
-    const C: [f32; 6] = [1.0, 0.693_147_2, 0.240_226_5, 0.055_504_11, 0.009_618_129, 0.001_333_355_8];
+    // The first six of the full-range polynomial's Taylor coefficients.
+    let c = &EXP2_C[..6];
     unsafe {
-        let x = _mm512_max_ps(x, _mm512_set1_ps(-126.0));
+        let x = _mm512_max_ps(x, _mm512_set1_ps(EXP2_MIN));
         let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(x);
         let f = _mm512_sub_ps(x, n);
-        let mut p = _mm512_set1_ps(C[5]);
-        for &c in C[..5].iter().rev() {
-            p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c));
+        let mut p = _mm512_set1_ps(c[5]);
+        for &k in c[..5].iter().rev() {
+            p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(k));
         }
         _mm512_scalef_ps(p, n)
     }

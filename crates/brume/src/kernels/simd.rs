@@ -9,7 +9,7 @@
 
 /// Taylor coefficients of 2^f = e^(f ln 2) on [-0.5, 0.5]; degree 6 keeps the
 /// relative error under 1.3e-7, below f32 rounding of the attention sums.
-const EXP2_C: [f32; 7] = [
+pub(crate) const EXP2_C: [f32; 7] = [
     1.0,
     std::f32::consts::LN_2,
     0.240_226_5,
@@ -21,7 +21,7 @@ const EXP2_C: [f32; 7] = [
 
 /// Below this, 2^x is under the smallest normal f32 and exp2 returns 0 (so a
 /// masked score of -inf weighs exactly nothing).
-const EXP2_MIN: f32 = -126.0;
+pub(crate) const EXP2_MIN: f32 = -126.0;
 const EXP2_MAX: f32 = 127.0;
 
 pub(crate) trait Simd: Copy {
