@@ -303,9 +303,9 @@ unsafe fn tile<S: Simd, const NV: usize, const MK: usize, const MD: usize>(
                 }
             }
             // Online softmax: new running maximum, rescale factor, exponentials, sums.
-            for vi in 0..NV {
+            for (vi, &t_max) in tile_max.iter().enumerate() {
                 let o = vi * l;
-                let mx = S::max(S::load(mp.add(o)), tile_max[vi]);
+                let mx = S::max(S::load(mp.add(o)), t_max);
                 let alpha = S::exp2(S::sub(S::load(mp.add(o)), mx));
                 let mut sum = S::splat(0.0);
                 for jj in 0..bc {
