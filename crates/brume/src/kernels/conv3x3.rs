@@ -100,32 +100,65 @@ const FLAT_SCRATCH_MAX: usize = 16 << 20;
 /// position `y * pitch + x` and its tap (ky, kx) reads position `+ ky * pitch + kx`.
 /// Blocks of `xb` positions run over `blocks * xb >= h * pitch`; a channel's plane
 /// takes `plane` values, the last block's farthest tap included.
+///
+/// `dense` drops the two border columns (`pitch = w`, a zero row above and below and
+/// one zero value before): a kernel that masks its kx = 0 loads at x = 0 and its kx = 2
+/// loads at x = w - 1 ([`Flat::edge_masks`]) then computes no lane for a border column.
+/// Those columns were 2 of every 18 lanes at 16x16 and, with the last block's tail,
+/// a third of them at 8x8 (80 positions in 3 blocks of 32; dense: 64 in 2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Flat {
     pub pitch: usize,
     pub blocks: usize,
     pub plane: usize,
+    pub dense: bool,
 }
 
 impl Flat {
     /// The flat layout of an h x w map in blocks of `xb` positions, whatever it wastes
     /// (the AMX conv runs every map this way).
     pub(crate) fn new(h: usize, w: usize, xb: usize) -> Self {
-        let pitch = w + 2;
-        let blocks = (h * pitch).div_ceil(xb);
-        Self { pitch, blocks, plane: blocks * xb + 2 * pitch + 2 }
+        Self::with_pitch(h, w + 2, xb, false)
     }
 
-    /// `Some` when the flat layout computes at least a tenth fewer lanes than the row
-    /// layout with blocks of `xb` pixels and its copy of the input (`channels` planes
-    /// per image: the input channels for f32, the channel pairs for bf16) stays small.
-    pub(crate) fn plan(batch: usize, channels: usize, h: usize, w: usize, xb: usize) -> Option<Self> {
+    /// The dense flat layout (no border columns) of an h x w map in blocks of `xb`.
+    pub(crate) fn dense(h: usize, w: usize, xb: usize) -> Self {
+        Self::with_pitch(h, w, xb, true)
+    }
+
+    fn with_pitch(h: usize, pitch: usize, xb: usize, dense: bool) -> Self {
+        let blocks = (h * pitch).div_ceil(xb);
+        Self { pitch, blocks, plane: blocks * xb + 2 * pitch + 2, dense }
+    }
+
+    /// `Some` when the flat layout (`dense` where the kernel masks the border
+    /// columns) computes at least a tenth fewer lanes than the row layout with blocks
+    /// of `xb` pixels and its copy of the input (`channels` planes per image: the
+    /// input channels for f32, the channel pairs for bf16) stays small.
+    pub(crate) fn plan(batch: usize, channels: usize, h: usize, w: usize, xb: usize, dense: bool) -> Option<Self> {
         if w.is_multiple_of(xb) || h == 0 || w == 0 {
             return None;
         }
-        let flat = Self::new(h, w, xb);
+        let flat = if dense { Self::dense(h, w, xb) } else { Self::new(h, w, xb) };
         let row_lanes = h * w.div_ceil(xb) * xb;
         (flat.blocks * xb * 10 <= row_lanes * 9 && flat.bytes(batch, channels) <= FLAT_SCRATCH_MAX).then_some(flat)
+    }
+
+    /// Per block of `xb` (<= 64) positions of a dense layout, the lanes whose kx = 0 tap
+    /// reads inside the map (bit i: position blk * xb + i is not in column 0) and
+    /// those whose kx = 2 tap does (not in column w - 1); all ones for a bordered layout.
+    pub(crate) fn edge_masks(&self, w: usize, xb: usize) -> Vec<[u64; 2]> {
+        (0..self.blocks)
+            .map(|blk| {
+                let mut m = [0u64; 2];
+                for i in 0..xb {
+                    let x = (blk * xb + i) % self.pitch;
+                    m[0] |= u64::from(!self.dense || x != 0) << i;
+                    m[1] |= u64::from(!self.dense || x + 1 != w) << i;
+                }
+                m
+            })
+            .collect()
     }
 
     /// Bytes of the zero-bordered copy of `batch` images of `channels` planes
@@ -142,6 +175,12 @@ impl Flat {
     #[inline(always)]
     pub(crate) unsafe fn scatter(&self, w: usize, h: usize, src: *const f32, p0: usize, count: usize, dst: *mut f32) {
         let end = (p0 + count).min(h * self.pitch);
+        if self.dense {
+            // Flat position p is output pixel p: one copy.
+            // SAFETY: p0..end lies inside the h x w plane; end - p0 <= count.
+            unsafe { std::ptr::copy_nonoverlapping(src, dst.add(p0), end.saturating_sub(p0)) };
+            return;
+        }
         let mut p = p0;
         while p < end {
             let (y, x) = (p / self.pitch, p % self.pitch);
@@ -165,7 +204,7 @@ pub fn scratch_bytes(batch: usize, channels: usize, h: usize, w: usize) -> usize
         return super::amx::conv3x3_input_bytes(batch, channels, h, w);
     }
     let xb = 2 * isa().lanes();
-    Flat::plan(batch, channels, h, w, xb).map_or(0, |f| f.bytes(batch, channels))
+    Flat::plan(batch, channels, h, w, xb, dense_flat(isa())).map_or(0, |f| f.bytes(batch, channels))
 }
 
 /// 3x3 / stride 1 / padding 1 convolution of `x` [b, c, h, w] with `w` [o, c, 3, 3]
@@ -397,7 +436,7 @@ pub(crate) fn run(isa: Isa, x: &[f32], d: Dims, weights: &[f32], out: &mut [f32]
         return Ok(());
     }
     let Dims { batch, in_ch: c, out_ch: _, h, w } = d;
-    if let Some(flat) = Flat::plan(batch, c, h, w, 2 * isa.lanes()) {
+    if let Some(flat) = Flat::plan(batch, c, h, w, 2 * isa.lanes(), dense_flat(isa)) {
         run_flat(isa, x, d, weights, out, flat);
         return Ok(());
     }
@@ -431,7 +470,13 @@ pub(crate) fn run_upsampled(isa: Isa, x: &[f32], d: Dims, weights: &[f32], out: 
 /// of `channels` in place on `isa`: where the output takes the row layout. The layers
 /// and the memory estimator ask this too.
 pub(crate) fn reads_upsampled(isa: Isa, batch: usize, channels: usize, h: usize, w: usize) -> bool {
-    Flat::plan(batch, channels, h, w, 2 * isa.lanes()).is_none()
+    Flat::plan(batch, channels, h, w, 2 * isa.lanes(), dense_flat(isa)).is_none()
+}
+
+/// Whether `isa`'s flat path takes the dense layout: AVX-512 masks a load for free;
+/// elsewhere a masked load costs more than the border lanes it saves.
+fn dense_flat(isa: Isa) -> bool {
+    matches!(isa, Isa::Avx512)
 }
 
 /// The row layout's tasks over `x`: the input itself, or (`up`) its half-size map.
@@ -483,6 +528,7 @@ fn run_flat(isa: Isa, x: &[f32], d: Dims, weights: &[f32], out: &mut [f32], flat
     let tasks = FlatTasks::new(batch, o, flat);
     let dst = SharedMut(out.as_mut_ptr());
     let padded = &padded;
+    let masks = &flat.edge_masks(w, 2 * isa.lanes());
     (0..tasks.tasks()).into_par_iter().for_each(|t| {
         let Some((obs, q)) = tasks.task(t) else { return };
         // SAFETY: task t writes only the positions of blocks q for the channels of
@@ -490,10 +536,10 @@ fn run_flat(isa: Isa, x: &[f32], d: Dims, weights: &[f32], out: &mut [f32], flat
         with_sums(|sums| unsafe {
             match isa {
                 #[cfg(target_arch = "x86_64")]
-                Isa::Avx512 => flat_avx512(padded, d, flat, weights, obs, q, sums, dst),
+                Isa::Avx512 => flat_avx512(padded, d, flat, weights, masks, obs, q, sums, dst),
                 #[cfg(target_arch = "x86_64")]
-                Isa::Avx2 => flat_avx2(padded, d, flat, weights, obs, q, sums, dst),
-                _ => flat_task(&FloatPanel::<Portable>::new(padded, d, flat, weights), d, flat, c, obs, q, sums, dst),
+                Isa::Avx2 => flat_avx2(padded, d, flat, weights, masks, obs, q, sums, dst),
+                _ => flat_task(&FloatPanel::<Portable>::new(padded, d, flat, weights, masks), d, flat, c, obs, q, sums, dst),
             }
         });
     });
@@ -502,17 +548,17 @@ fn run_flat(isa: Isa, x: &[f32], d: Dims, weights: &[f32], out: &mut [f32], flat
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,fma")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn flat_avx512(img: &[f32], d: Dims, f: Flat, w: &[f32], obs: std::ops::Range<usize>, q: std::ops::Range<usize>, sums: &mut Vec<f32>, dst: SharedMut) {
+unsafe fn flat_avx512(img: &[f32], d: Dims, f: Flat, w: &[f32], masks: &[[u64; 2]], obs: std::ops::Range<usize>, q: std::ops::Range<usize>, sums: &mut Vec<f32>, dst: SharedMut) {
     // SAFETY: forwarded from the caller.
-    unsafe { flat_task(&FloatPanel::<super::simd::Avx512>::new(img, d, f, w), d, f, d.in_ch, obs, q, sums, dst) }
+    unsafe { flat_task(&FloatPanel::<super::simd::Avx512>::new(img, d, f, w, masks), d, f, d.in_ch, obs, q, sums, dst) }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn flat_avx2(img: &[f32], d: Dims, f: Flat, w: &[f32], obs: std::ops::Range<usize>, q: std::ops::Range<usize>, sums: &mut Vec<f32>, dst: SharedMut) {
+unsafe fn flat_avx2(img: &[f32], d: Dims, f: Flat, w: &[f32], masks: &[[u64; 2]], obs: std::ops::Range<usize>, q: std::ops::Range<usize>, sums: &mut Vec<f32>, dst: SharedMut) {
     // SAFETY: forwarded from the caller.
-    unsafe { flat_task(&FloatPanel::<super::simd::Avx2>::new(img, d, f, w), d, f, d.in_ch, obs, q, sums, dst) }
+    unsafe { flat_task(&FloatPanel::<super::simd::Avx2>::new(img, d, f, w, masks), d, f, d.in_ch, obs, q, sums, dst) }
 }
 
 /// The f32 kernel's panel: every image's zero-bordered planes (`img`, c planes of
@@ -522,12 +568,13 @@ struct FloatPanel<'a, S> {
     weights: &'a [f32],
     d: Dims,
     f: Flat,
+    masks: &'a [[u64; 2]],
     simd: std::marker::PhantomData<S>,
 }
 
 impl<'a, S> FloatPanel<'a, S> {
-    fn new(img: &'a [f32], d: Dims, f: Flat, weights: &'a [f32]) -> Self {
-        Self { img, weights, d, f, simd: std::marker::PhantomData }
+    fn new(img: &'a [f32], d: Dims, f: Flat, weights: &'a [f32], masks: &'a [[u64; 2]]) -> Self {
+        Self { img, weights, d, f, masks, simd: std::marker::PhantomData }
     }
 }
 
@@ -550,7 +597,11 @@ impl<S: Simd> FlatPanel for FloatPanel<'_, S> {
         unsafe {
             let mut acc = if p0 > 0 { load_block::<S>(sums, Self::XB, OB, Self::XB) } else { [[S::splat(0.0); 2]; OB] };
             let planes = self.img.as_ptr().add((n * c + p0) * f.plane);
-            block::<S, 2>(&mut acc, planes, f.plane, f.pitch, pc, &wrows, blk * Self::XB);
+            if f.dense {
+                block_masked::<S>(&mut acc, planes, f.plane, f.pitch, pc, &wrows, blk * Self::XB, self.masks[blk]);
+            } else {
+                block::<S, 2>(&mut acc, planes, f.plane, f.pitch, pc, &wrows, blk * Self::XB);
+            }
             store_block::<S>(&acc, sums, Self::XB, OB, Self::XB);
         }
     }
@@ -680,6 +731,38 @@ unsafe fn block<S: Simd, const NV: usize>(acc: &mut [[S::V; NV]; OB], rows: *con
                     for j in 0..OB {
                         let wv = S::splat(*wrows[j].add(tap));
                         for v in 0..NV {
+                            r[j][v] = S::fmadd(xs[v], wv, r[j][v]);
+                        }
+                    }
+                }
+            }
+        }
+        *acc = r;
+    }
+}
+
+/// [`block`] with two vectors on a dense flat layout: the kx = 0 and kx = 2 loads keep
+/// only the lanes of `masks` ([`Flat::edge_masks`]: vector v's lanes are bits
+/// `v * LANES..`) and read zero in the others, the border columns the layout lacks.
+///
+/// SAFETY: as [`block`].
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn block_masked<S: Simd>(acc: &mut [[S::V; 2]; OB], rows: *const f32, chan: usize, pitch: usize, c: usize, wrows: &[*const f32; OB], x0: usize, masks: [u64; 2]) {
+    let all = u64::MAX;
+    let edge = [[masks[0], masks[0] >> S::LANES], [all, all], [masks[1], masks[1] >> S::LANES]];
+    unsafe {
+        let mut r = *acc;
+        for ci in 0..c {
+            let base = rows.add(ci * chan + x0);
+            for ky in 0..3 {
+                let row = base.add(ky * pitch);
+                for (kx, m) in edge.iter().enumerate() {
+                    let xs: [S::V; 2] = std::array::from_fn(|v| S::load_lanes(row.add(kx + v * S::LANES), m[v]));
+                    let tap = ci * 9 + ky * 3 + kx;
+                    for j in 0..OB {
+                        let wv = S::splat(*wrows[j].add(tap));
+                        for v in 0..2 {
                             r[j][v] = S::fmadd(xs[v], wv, r[j][v]);
                         }
                     }

@@ -122,7 +122,7 @@ pub(crate) fn run_packed(x: &[f32], d: Dims, kernel: &PackedConvPairs, out: &mut
     }
     let cp = c.div_ceil(2);
     let pairs = &kernel.pairs;
-    if let Some(flat) = Flat::plan(batch, cp, h, w, XB) {
+    if let Some(flat) = Flat::plan(batch, cp, h, w, XB, true) {
         run_flat(x, d, pairs, out, flat);
         return Ok(());
     }
@@ -208,7 +208,8 @@ fn run_flat(x: &[f32], d: Dims, pairs: &[u32], out: &mut [f32], flat: Flat) {
     let padded = pack_flat_pairs(x, d, flat, cp);
     let tasks = FlatTasks::new(d.batch, d.out_ch, flat);
     let dst = SharedMut(out.as_mut_ptr());
-    let panel = PairPanel { img: &padded, pairs, d, f: flat };
+    let masks = flat.edge_masks(d.w, XB);
+    let panel = PairPanel { img: &padded, pairs, d, f: flat, masks: &masks };
     (0..tasks.tasks()).into_par_iter().for_each(|t| {
         let Some((obs, q)) = tasks.task(t) else { return };
         with_sums(|sums| {
@@ -233,13 +234,15 @@ unsafe fn flat_pairs(panel: &PairPanel, obs: std::ops::Range<usize>, q: std::ops
 }
 
 /// The bf16 kernel's panel: every image's zero-bordered pair planes (`img`, cp planes
-/// of `f.plane` words per image) and the kernel's pair table.
+/// of `f.plane` words per image), the kernel's pair table and, per position block,
+/// the lanes its kx = 0 and kx = 2 taps may load ([`Flat::edge_masks`]).
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 struct PairPanel<'a> {
     img: &'a [u32],
     pairs: &'a [u32],
     d: Dims,
     f: Flat,
+    masks: &'a [[u64; 2]],
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -260,7 +263,11 @@ impl FlatPanel for PairPanel<'_> {
         unsafe {
             let mut acc = if p0 > 0 { load_block::<Avx512>(sums, XB, OB, XB) } else { [[_mm512_setzero_ps(); 2]; OB] };
             let planes = self.img.as_ptr().add((n * cp + p0) * f.plane);
-            block(&mut acc, planes, f.plane, f.pitch, pc, &wrows, blk * XB);
+            if f.dense {
+                block_masked(&mut acc, planes, f.plane, f.pitch, pc, &wrows, blk * XB, self.masks[blk]);
+            } else {
+                block(&mut acc, planes, f.plane, f.pitch, pc, &wrows, blk * XB);
+            }
             store_block::<Avx512>(&acc, sums, XB, OB, XB);
         }
     }
@@ -342,6 +349,41 @@ unsafe fn block(acc: &mut [[__m512; 2]; OB], rows: *const u32, chan: usize, pitc
                 for kx in 0..3 {
                     let a: __m512bh = std::mem::transmute(_mm512_loadu_si512(row.add(kx) as *const __m512i));
                     let b: __m512bh = std::mem::transmute(_mm512_loadu_si512(row.add(kx + L) as *const __m512i));
+                    let tap = p * 9 + ky * 3 + kx;
+                    for j in 0..OB {
+                        let wv: __m512bh = std::mem::transmute(_mm512_set1_epi32(*wrows[j].add(tap) as i32));
+                        r[j][0] = _mm512_dpbf16_ps(r[j][0], a, wv);
+                        r[j][1] = _mm512_dpbf16_ps(r[j][1], b, wv);
+                    }
+                }
+            }
+        }
+        *acc = r;
+    }
+}
+
+/// [`block`] on a dense flat layout: the kx = 0 and kx = 2 loads keep only the lanes
+/// of `masks` (low 32 bits each: [`Flat::edge_masks`]) and read zero in the others,
+/// the border columns the layout does not store.
+///
+/// SAFETY: as [`block`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bf16,avx512bw")]
+#[inline]
+#[allow(clippy::too_many_arguments)]
+unsafe fn block_masked(acc: &mut [[__m512; 2]; OB], rows: *const u32, chan: usize, pitch: usize, cp: usize, wrows: &[*const u32; OB], x0: usize, masks: [u64; 2]) {
+    // Lanes 0..16 and 16..32 of each tap's 32 positions, per masked tap (kx = 0, 2).
+    let lanes = |m: u64| -> [__mmask16; 2] { [m as __mmask16, (m >> L) as __mmask16] };
+    let edge = [lanes(masks[0]), [0xFFFF; 2], lanes(masks[1])];
+    unsafe {
+        let mut r = *acc;
+        for p in 0..cp {
+            let base = rows.add(p * chan + x0);
+            for ky in 0..3 {
+                let row = base.add(ky * pitch);
+                for (kx, m) in edge.iter().enumerate() {
+                    let a: __m512bh = std::mem::transmute(_mm512_maskz_loadu_epi32(m[0], row.add(kx) as *const i32));
+                    let b: __m512bh = std::mem::transmute(_mm512_maskz_loadu_epi32(m[1], row.add(kx + L) as *const i32));
                     let tap = p * 9 + ky * 3 + kx;
                     for j in 0..OB {
                         let wv: __m512bh = std::mem::transmute(_mm512_set1_epi32(*wrows[j].add(tap) as i32));

@@ -41,6 +41,24 @@ pub(crate) trait Simd: Copy {
     unsafe fn exp2(x: Self::V) -> Self::V;
     unsafe fn reduce_add(v: Self::V) -> f32;
 
+    /// `LANES` floats from `p`, lane i read only where bit i of `lanes` is set and 0
+    /// elsewhere (a dense flat conv's border columns). Lane by lane here; AVX-512
+    /// masks the load itself.
+    ///
+    /// SAFETY: every lane whose bit is set may be read at `p + i`.
+    #[inline(always)]
+    unsafe fn load_lanes(p: *const f32, lanes: u64) -> Self::V {
+        let mut v = [0f32; 64];
+        for (i, x) in v.iter_mut().enumerate().take(Self::LANES) {
+            if lanes >> i & 1 == 1 {
+                // SAFETY: the caller's contract for set lanes.
+                *x = unsafe { *p.add(i) };
+            }
+        }
+        // SAFETY: v holds 64 >= LANES floats.
+        unsafe { Self::load(v.as_ptr()) }
+    }
+
     /// `dst[c * ldd + r] = src[r * ld + c]` for r < rows, c < cols: packing a linear
     /// layer's [n, k] weight into a GEMM strip. One element at a time here; AVX-512
     /// moves 16 x 16 tiles through registers (the compiler made this loop a scatter,
@@ -146,6 +164,10 @@ mod x86 {
         #[inline(always)]
         unsafe fn store(p: *mut f32, v: __m512) {
             _mm512_storeu_ps(p, v)
+        }
+        #[inline(always)]
+        unsafe fn load_lanes(p: *const f32, lanes: u64) -> __m512 {
+            _mm512_maskz_loadu_ps(lanes as __mmask16, p)
         }
         #[inline(always)]
         unsafe fn fmadd(a: __m512, b: __m512, c: __m512) -> __m512 {
