@@ -772,3 +772,30 @@ unsafe fn block_masked<S: Simd>(acc: &mut [[S::V; 2]; OB], rows: *const f32, cha
         *acc = r;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Flat;
+
+    #[test]
+    fn dense_layout_masks_exactly_the_border_columns() {
+        for (h, w) in [(8, 8), (16, 16), (5, 7), (3, 1), (2, 33)] {
+            let f = Flat::dense(h, w, 32);
+            assert_eq!(f.pitch, w);
+            assert!(f.blocks * 32 >= h * w && (f.blocks - 1) * 32 < h * w);
+            // The farthest tap of the last lane stays inside the plane.
+            assert!((f.blocks * 32 - 1) + 2 * f.pitch + 2 < f.plane);
+            for (blk, m) in f.edge_masks(w, 32).iter().enumerate() {
+                for i in 0..32 {
+                    let x = (blk * 32 + i) % w;
+                    assert_eq!(m[0] >> i & 1 == 1, x != 0, "{h}x{w} block {blk} lane {i}: kx = 0");
+                    assert_eq!(m[1] >> i & 1 == 1, x != w - 1, "{h}x{w} block {blk} lane {i}: kx = 2");
+                }
+                assert_eq!(m[0] >> 32, 0);
+            }
+        }
+        // A bordered layout reads its own zero columns: every lane loads.
+        let f = Flat::new(8, 8, 32);
+        assert!(f.edge_masks(8, 32).iter().all(|m| m[0] & 0xFFFF_FFFF == 0xFFFF_FFFF && m[1] & 0xFFFF_FFFF == 0xFFFF_FFFF));
+    }
+}
