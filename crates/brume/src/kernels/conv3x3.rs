@@ -144,19 +144,20 @@ impl Flat {
         (flat.blocks * xb * 10 <= row_lanes * 9 && flat.bytes(batch, channels) <= FLAT_SCRATCH_MAX).then_some(flat)
     }
 
-    /// Per block of `xb` (<= 64) positions of a dense layout, the lanes whose kx = 0 tap
-    /// reads inside the map (bit i: position blk * xb + i is not in column 0) and
-    /// those whose kx = 2 tap does (not in column w - 1); all ones for a bordered layout.
-    pub(crate) fn edge_masks(&self, w: usize, xb: usize) -> Vec<[u64; 2]> {
+    /// Per block of `xb` (<= 64) positions of a dense layout (whose pitch is the map's
+    /// width), the lanes whose kx = 0 tap reads inside the map (bit i: position
+    /// blk * xb + i is not in column 0) and those whose kx = 2 tap does (not in the
+    /// last column); all ones for a bordered layout.
+    pub(crate) fn edge_masks(&self, xb: usize) -> Vec<EdgeLanes> {
         (0..self.blocks)
             .map(|blk| {
                 let mut m = [0u64; 2];
                 for i in 0..xb {
                     let x = (blk * xb + i) % self.pitch;
                     m[0] |= u64::from(!self.dense || x != 0) << i;
-                    m[1] |= u64::from(!self.dense || x + 1 != w) << i;
+                    m[1] |= u64::from(!self.dense || x + 1 != self.pitch) << i;
                 }
-                m
+                EdgeLanes(m)
             })
             .collect()
     }
@@ -191,6 +192,44 @@ impl Flat {
                 unsafe { std::ptr::copy_nonoverlapping(src.add(p - p0), dst.add(y * w + x), n) };
             }
             p = row_end;
+        }
+    }
+}
+
+/// Which lanes of a block's tap loads read the input; the others read zero. One
+/// loop ([`block`], the bf16 kernel's) serves the row layout and the bordered flat
+/// one ([`AllLanes`]: plain loads) and the dense flat one ([`EdgeLanes`]: masked).
+pub(crate) trait TapLanes: Copy {
+    /// Every lane loads: the block takes plain loads.
+    const ALL: bool;
+    /// The lanes of tap column `kx`'s load of lanes `first..` (bit i: lane first + i).
+    fn lanes(self, kx: usize, first: usize) -> u64;
+}
+
+#[derive(Clone, Copy)]
+pub(crate) struct AllLanes;
+
+impl TapLanes for AllLanes {
+    const ALL: bool = true;
+    #[inline(always)]
+    fn lanes(self, _kx: usize, _first: usize) -> u64 {
+        u64::MAX
+    }
+}
+
+/// A dense flat block's lanes for kx = 0 and kx = 2 ([`Flat::edge_masks`]); kx = 1
+/// reads every lane.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct EdgeLanes(pub [u64; 2]);
+
+impl TapLanes for EdgeLanes {
+    const ALL: bool = false;
+    #[inline(always)]
+    fn lanes(self, kx: usize, first: usize) -> u64 {
+        match kx {
+            0 => self.0[0] >> first,
+            2 => self.0[1] >> first,
+            _ => u64::MAX,
         }
     }
 }
@@ -528,7 +567,7 @@ fn run_flat(isa: Isa, x: &[f32], d: Dims, weights: &[f32], out: &mut [f32], flat
     let tasks = FlatTasks::new(batch, o, flat);
     let dst = SharedMut(out.as_mut_ptr());
     let padded = &padded;
-    let masks = &flat.edge_masks(w, 2 * isa.lanes());
+    let masks = &flat.edge_masks(2 * isa.lanes());
     (0..tasks.tasks()).into_par_iter().for_each(|t| {
         let Some((obs, q)) = tasks.task(t) else { return };
         // SAFETY: task t writes only the positions of blocks q for the channels of
@@ -548,7 +587,7 @@ fn run_flat(isa: Isa, x: &[f32], d: Dims, weights: &[f32], out: &mut [f32], flat
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,fma")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn flat_avx512(img: &[f32], d: Dims, f: Flat, w: &[f32], masks: &[[u64; 2]], obs: std::ops::Range<usize>, q: std::ops::Range<usize>, sums: &mut Vec<f32>, dst: SharedMut) {
+unsafe fn flat_avx512(img: &[f32], d: Dims, f: Flat, w: &[f32], masks: &[EdgeLanes], obs: std::ops::Range<usize>, q: std::ops::Range<usize>, sums: &mut Vec<f32>, dst: SharedMut) {
     // SAFETY: forwarded from the caller.
     unsafe { flat_task(&FloatPanel::<super::simd::Avx512>::new(img, d, f, w, masks), d, f, d.in_ch, obs, q, sums, dst) }
 }
@@ -556,7 +595,7 @@ unsafe fn flat_avx512(img: &[f32], d: Dims, f: Flat, w: &[f32], masks: &[[u64; 2
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn flat_avx2(img: &[f32], d: Dims, f: Flat, w: &[f32], masks: &[[u64; 2]], obs: std::ops::Range<usize>, q: std::ops::Range<usize>, sums: &mut Vec<f32>, dst: SharedMut) {
+unsafe fn flat_avx2(img: &[f32], d: Dims, f: Flat, w: &[f32], masks: &[EdgeLanes], obs: std::ops::Range<usize>, q: std::ops::Range<usize>, sums: &mut Vec<f32>, dst: SharedMut) {
     // SAFETY: forwarded from the caller.
     unsafe { flat_task(&FloatPanel::<super::simd::Avx2>::new(img, d, f, w, masks), d, f, d.in_ch, obs, q, sums, dst) }
 }
@@ -568,12 +607,12 @@ struct FloatPanel<'a, S> {
     weights: &'a [f32],
     d: Dims,
     f: Flat,
-    masks: &'a [[u64; 2]],
+    masks: &'a [EdgeLanes],
     simd: std::marker::PhantomData<S>,
 }
 
 impl<'a, S> FloatPanel<'a, S> {
-    fn new(img: &'a [f32], d: Dims, f: Flat, weights: &'a [f32], masks: &'a [[u64; 2]]) -> Self {
+    fn new(img: &'a [f32], d: Dims, f: Flat, weights: &'a [f32], masks: &'a [EdgeLanes]) -> Self {
         Self { img, weights, d, f, masks, simd: std::marker::PhantomData }
     }
 }
@@ -598,9 +637,9 @@ impl<S: Simd> FlatPanel for FloatPanel<'_, S> {
             let mut acc = if p0 > 0 { load_block::<S>(sums, Self::XB, OB, Self::XB) } else { [[S::splat(0.0); 2]; OB] };
             let planes = self.img.as_ptr().add((n * c + p0) * f.plane);
             if f.dense {
-                block_masked::<S>(&mut acc, planes, f.plane, f.pitch, pc, &wrows, blk * Self::XB, self.masks[blk]);
+                block::<S, 2, _>(&mut acc, planes, f.plane, f.pitch, pc, &wrows, blk * Self::XB, self.masks[blk]);
             } else {
-                block::<S, 2>(&mut acc, planes, f.plane, f.pitch, pc, &wrows, blk * Self::XB);
+                block::<S, 2, _>(&mut acc, planes, f.plane, f.pitch, pc, &wrows, blk * Self::XB, AllLanes);
             }
             store_block::<S>(&acc, sums, Self::XB, OB, Self::XB);
         }
@@ -696,7 +735,7 @@ unsafe fn output_row<S: Simd, const NV: usize>(
             let mut acc = [[S::splat(0.0); NV]; OB];
             // SAFETY: every load reads rows[ci * 3 + ky][x0 + kx .. x0 + kx + NV * LANES],
             // inside the row (x0 + NV * LANES <= wpad, kx <= 2, row width wpad + 2).
-            unsafe { block::<S, NV>(&mut acc, base, 3 * sw, sw, c, &wrows, x0) };
+            unsafe { block::<S, NV, _>(&mut acc, base, 3 * sw, sw, c, &wrows, x0, AllLanes) };
             let count = xb.min(w - x0);
             // The block's channels are planes h * w apart in the output.
             // SAFETY: image n, channels blk * OB.. < o, row y < h, columns x0..x0 + count
@@ -712,13 +751,24 @@ unsafe fn output_row<S: Simd, const NV: usize>(
 
 /// Adds to `acc` six output channels x NV vectors of output pixels starting at `x0`,
 /// summed over `c` input channels: channel ci's tap row ky starts `ci * chan + ky *
-/// pitch` values into `rows`, its weights at `wrows[j] + ci * 9`.
+/// pitch` values into `rows`, its weights at `wrows[j] + ci * 9`. Each tap's loads
+/// read the lanes `taps` says (a dense flat layout's border columns read zero).
 ///
 /// SAFETY: the CPU has `S`'s features; for every ci < c and ky < 3, `rows` holds
-/// `NV * LANES + 2` floats from `ci * chan + ky * pitch + x0`; each `wrows[j]` points at
-/// `c * 9` floats.
+/// `NV * LANES + 2` floats from `ci * chan + ky * pitch + x0` (those of the lanes
+/// `taps` loads); each `wrows[j]` points at `c * 9` floats.
 #[inline(always)]
-unsafe fn block<S: Simd, const NV: usize>(acc: &mut [[S::V; NV]; OB], rows: *const f32, chan: usize, pitch: usize, c: usize, wrows: &[*const f32; OB], x0: usize) {
+#[allow(clippy::too_many_arguments)]
+unsafe fn block<S: Simd, const NV: usize, T: TapLanes>(
+    acc: &mut [[S::V; NV]; OB],
+    rows: *const f32,
+    chan: usize,
+    pitch: usize,
+    c: usize,
+    wrows: &[*const f32; OB],
+    x0: usize,
+    taps: T,
+) {
     unsafe {
         let mut r = *acc;
         for ci in 0..c {
@@ -726,7 +776,14 @@ unsafe fn block<S: Simd, const NV: usize>(acc: &mut [[S::V; NV]; OB], rows: *con
             for ky in 0..3 {
                 let row = base.add(ky * pitch);
                 for kx in 0..3 {
-                    let xs: [S::V; NV] = std::array::from_fn(|v| S::load(row.add(kx + v * S::LANES)));
+                    let xs: [S::V; NV] = std::array::from_fn(|v| {
+                        let p = row.add(kx + v * S::LANES);
+                        if T::ALL {
+                            S::load(p)
+                        } else {
+                            S::load_lanes(p, taps.lanes(kx, v * S::LANES))
+                        }
+                    });
                     let tap = ci * 9 + ky * 3 + kx;
                     for j in 0..OB {
                         let wv = S::splat(*wrows[j].add(tap));
@@ -741,41 +798,9 @@ unsafe fn block<S: Simd, const NV: usize>(acc: &mut [[S::V; NV]; OB], rows: *con
     }
 }
 
-/// [`block`] with two vectors on a dense flat layout: the kx = 0 and kx = 2 loads keep
-/// only the lanes of `masks` ([`Flat::edge_masks`]: vector v's lanes are bits
-/// `v * LANES..`) and read zero in the others, the border columns the layout lacks.
-///
-/// SAFETY: as [`block`].
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn block_masked<S: Simd>(acc: &mut [[S::V; 2]; OB], rows: *const f32, chan: usize, pitch: usize, c: usize, wrows: &[*const f32; OB], x0: usize, masks: [u64; 2]) {
-    let all = u64::MAX;
-    let edge = [[masks[0], masks[0] >> S::LANES], [all, all], [masks[1], masks[1] >> S::LANES]];
-    unsafe {
-        let mut r = *acc;
-        for ci in 0..c {
-            let base = rows.add(ci * chan + x0);
-            for ky in 0..3 {
-                let row = base.add(ky * pitch);
-                for (kx, m) in edge.iter().enumerate() {
-                    let xs: [S::V; 2] = std::array::from_fn(|v| S::load_lanes(row.add(kx + v * S::LANES), m[v]));
-                    let tap = ci * 9 + ky * 3 + kx;
-                    for j in 0..OB {
-                        let wv = S::splat(*wrows[j].add(tap));
-                        for v in 0..2 {
-                            r[j][v] = S::fmadd(xs[v], wv, r[j][v]);
-                        }
-                    }
-                }
-            }
-        }
-        *acc = r;
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use super::Flat;
+    use super::{EdgeLanes, Flat};
 
     #[test]
     fn dense_layout_masks_exactly_the_border_columns() {
@@ -785,7 +810,7 @@ mod tests {
             assert!(f.blocks * 32 >= h * w && (f.blocks - 1) * 32 < h * w);
             // The farthest tap of the last lane stays inside the plane.
             assert!((f.blocks * 32 - 1) + 2 * f.pitch + 2 < f.plane);
-            for (blk, m) in f.edge_masks(w, 32).iter().enumerate() {
+            for (blk, &EdgeLanes(m)) in f.edge_masks(32).iter().enumerate() {
                 for i in 0..32 {
                     let x = (blk * 32 + i) % w;
                     assert_eq!(m[0] >> i & 1 == 1, x != 0, "{h}x{w} block {blk} lane {i}: kx = 0");
@@ -796,6 +821,6 @@ mod tests {
         }
         // A bordered layout reads its own zero columns: every lane loads.
         let f = Flat::new(8, 8, 32);
-        assert!(f.edge_masks(8, 32).iter().all(|m| m[0] & 0xFFFF_FFFF == 0xFFFF_FFFF && m[1] & 0xFFFF_FFFF == 0xFFFF_FFFF));
+        assert!(f.edge_masks(32).iter().all(|EdgeLanes(m)| m[0] & 0xFFFF_FFFF == 0xFFFF_FFFF && m[1] & 0xFFFF_FFFF == 0xFFFF_FFFF));
     }
 }

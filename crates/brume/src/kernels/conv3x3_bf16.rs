@@ -31,7 +31,7 @@ use super::conv3x3::{flat_task, FlatPanel};
 use super::matmul::{load_block, store_block};
 #[cfg(target_arch = "x86_64")]
 use super::simd::Avx512;
-use super::conv3x3::{with_sums, Dims, Flat, FlatTasks, RowTasks, OB};
+use super::conv3x3::{with_sums, AllLanes, Dims, EdgeLanes, Flat, FlatTasks, RowTasks, TapLanes, OB};
 use super::SharedMut;
 
 /// Pixels per vector (16 f32 lanes, each fed by one bf16 pair).
@@ -208,7 +208,7 @@ fn run_flat(x: &[f32], d: Dims, pairs: &[u32], out: &mut [f32], flat: Flat) {
     let padded = pack_flat_pairs(x, d, flat, cp);
     let tasks = FlatTasks::new(d.batch, d.out_ch, flat);
     let dst = SharedMut(out.as_mut_ptr());
-    let masks = flat.edge_masks(d.w, XB);
+    let masks = flat.edge_masks(XB);
     let panel = PairPanel { img: &padded, pairs, d, f: flat, masks: &masks };
     (0..tasks.tasks()).into_par_iter().for_each(|t| {
         let Some((obs, q)) = tasks.task(t) else { return };
@@ -242,7 +242,7 @@ struct PairPanel<'a> {
     pairs: &'a [u32],
     d: Dims,
     f: Flat,
-    masks: &'a [[u64; 2]],
+    masks: &'a [EdgeLanes],
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -264,9 +264,9 @@ impl FlatPanel for PairPanel<'_> {
             let mut acc = if p0 > 0 { load_block::<Avx512>(sums, XB, OB, XB) } else { [[_mm512_setzero_ps(); 2]; OB] };
             let planes = self.img.as_ptr().add((n * cp + p0) * f.plane);
             if f.dense {
-                block_masked(&mut acc, planes, f.plane, f.pitch, pc, &wrows, blk * XB, self.masks[blk]);
+                block(&mut acc, planes, f.plane, f.pitch, pc, &wrows, blk * XB, self.masks[blk]);
             } else {
-                block(&mut acc, planes, f.plane, f.pitch, pc, &wrows, blk * XB);
+                block(&mut acc, planes, f.plane, f.pitch, pc, &wrows, blk * XB, AllLanes);
             }
             store_block::<Avx512>(&acc, sums, XB, OB, XB);
         }
@@ -305,7 +305,7 @@ unsafe fn output_row(img: &[f32], d: Dims, n: usize, y: usize, pairs: &[u32], bl
             let mut acc = [[_mm512_setzero_ps(); 2]; OB];
             // SAFETY: loads read rows[p * 3 + ky][x0 + kx .. x0 + kx + 32] with
             // x0 + 32 <= wpad and kx <= 2: inside each sw = wpad + 2 row.
-            unsafe { block(&mut acc, base, 3 * sw, sw, cp, &wrows, x0) };
+            unsafe { block(&mut acc, base, 3 * sw, sw, cp, &wrows, x0, AllLanes) };
             let count = XB.min(w - x0);
             for (j, a) in acc.iter().enumerate() {
                 let oc = blk * OB + j;
@@ -332,14 +332,29 @@ unsafe fn output_row(img: &[f32], d: Dims, n: usize, y: usize, pairs: &[u32], bl
 
 /// Adds to `acc` six output channels x 32 pixels from `x0`, summed over `cp` channel
 /// pairs and the taps: pair p's tap row ky starts `p * chan + ky * pitch` words into
-/// `rows`, and its weights at `wrows[j] + p * 9`.
+/// `rows`, and its weights at `wrows[j] + p * 9`. Each tap's loads read the lanes
+/// `taps` says (a dense flat layout's border columns read zero).
 ///
 /// SAFETY: AVX512-BF16; for every p < cp and ky < 3, `rows` holds 34 words from
-/// `p * chan + ky * pitch + x0`; each `wrows[j]` points at cp * 9 words.
+/// `p * chan + ky * pitch + x0` (those of the lanes `taps` loads); each `wrows[j]`
+/// points at cp * 9 words.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bf16,avx512bw")]
 #[inline]
-unsafe fn block(acc: &mut [[__m512; 2]; OB], rows: *const u32, chan: usize, pitch: usize, cp: usize, wrows: &[*const u32; OB], x0: usize) {
+#[allow(clippy::too_many_arguments)]
+unsafe fn block<T: TapLanes>(acc: &mut [[__m512; 2]; OB], rows: *const u32, chan: usize, pitch: usize, cp: usize, wrows: &[*const u32; OB], x0: usize, taps: T) {
+    // A macro, not a closure: a closure would not inherit this function's target
+    // features, and its intrinsics would become calls.
+    macro_rules! load {
+        ($p:expr, $kx:expr, $first:expr) => {{
+            let v = if T::ALL {
+                _mm512_loadu_si512($p as *const __m512i)
+            } else {
+                _mm512_maskz_loadu_epi32(taps.lanes($kx, $first) as __mmask16, $p as *const i32)
+            };
+            std::mem::transmute::<__m512i, __m512bh>(v)
+        }};
+    }
     unsafe {
         let mut r = *acc;
         for p in 0..cp {
@@ -347,43 +362,8 @@ unsafe fn block(acc: &mut [[__m512; 2]; OB], rows: *const u32, chan: usize, pitc
             for ky in 0..3 {
                 let row = base.add(ky * pitch);
                 for kx in 0..3 {
-                    let a: __m512bh = std::mem::transmute(_mm512_loadu_si512(row.add(kx) as *const __m512i));
-                    let b: __m512bh = std::mem::transmute(_mm512_loadu_si512(row.add(kx + L) as *const __m512i));
-                    let tap = p * 9 + ky * 3 + kx;
-                    for j in 0..OB {
-                        let wv: __m512bh = std::mem::transmute(_mm512_set1_epi32(*wrows[j].add(tap) as i32));
-                        r[j][0] = _mm512_dpbf16_ps(r[j][0], a, wv);
-                        r[j][1] = _mm512_dpbf16_ps(r[j][1], b, wv);
-                    }
-                }
-            }
-        }
-        *acc = r;
-    }
-}
-
-/// [`block`] on a dense flat layout: the kx = 0 and kx = 2 loads keep only the lanes
-/// of `masks` (low 32 bits each: [`Flat::edge_masks`]) and read zero in the others,
-/// the border columns the layout does not store.
-///
-/// SAFETY: as [`block`].
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bf16,avx512bw")]
-#[inline]
-#[allow(clippy::too_many_arguments)]
-unsafe fn block_masked(acc: &mut [[__m512; 2]; OB], rows: *const u32, chan: usize, pitch: usize, cp: usize, wrows: &[*const u32; OB], x0: usize, masks: [u64; 2]) {
-    // Lanes 0..16 and 16..32 of each tap's 32 positions, per masked tap (kx = 0, 2).
-    let lanes = |m: u64| -> [__mmask16; 2] { [m as __mmask16, (m >> L) as __mmask16] };
-    let edge = [lanes(masks[0]), [0xFFFF; 2], lanes(masks[1])];
-    unsafe {
-        let mut r = *acc;
-        for p in 0..cp {
-            let base = rows.add(p * chan + x0);
-            for ky in 0..3 {
-                let row = base.add(ky * pitch);
-                for (kx, m) in edge.iter().enumerate() {
-                    let a: __m512bh = std::mem::transmute(_mm512_maskz_loadu_epi32(m[0], row.add(kx) as *const i32));
-                    let b: __m512bh = std::mem::transmute(_mm512_maskz_loadu_epi32(m[1], row.add(kx + L) as *const i32));
+                    let a = load!(row.add(kx), kx, 0);
+                    let b = load!(row.add(kx + L), kx, L);
                     let tap = p * 9 + ky * 3 + kx;
                     for j in 0..OB {
                         let wv: __m512bh = std::mem::transmute(_mm512_set1_epi32(*wrows[j].add(tap) as i32));
