@@ -443,3 +443,45 @@ fn gemm_amx_takes_empty_factors() {
 fn winograd43_many_shapes() {
     check_conv3x3(brume::kernels::winograd43::conv3x3_on, WINOGRAD_SHAPES, 29, 1e-5);
 }
+
+/// Winograd F(2x2, 3x3) with bf16 products (`kernels::winograd_bf16`). Its transforms
+/// are rounded, not the factors, so no rounded f32 conv reproduces it. Two checks instead:
+/// (1) on values whose transforms bf16 holds exactly (inputs in {-2, ..., 2}, weights in
+/// quarters of {-4, ..., 4}) it must equal candle's f32 conv up to the order of the sums,
+/// over odd sizes, odd channel counts (a zero high half in the last pair), tile counts
+/// that end strips short, and batches: this pins the layout, the transforms and the
+/// borders; (2) on random values at the channel counts the layers give it (>= 256), its
+/// error against the f32 conv stays within 1e-2 and 3x the direct bf16 kernel's (float64
+/// emulation gives ~1.6x; with a handful of channels the transforms' cancellations are
+/// not averaged out, which is why the layers never take it there). The layers' packed
+/// transform gives the same values, to the bit, as the per-call one.
+#[test]
+fn winograd_bf16_is_exact_on_exact_values_and_near_the_direct_bf16_error() {
+    use brume::kernels::conv3x3_bf16::{conv3x3_bf16, supported};
+    use brume::kernels::winograd_bf16::{conv3x3_winograd_bf16, conv3x3_winograd_bf16_packed, PackedWinogradPairs};
+    if !supported() {
+        eprintln!("no AVX512-BF16 on this CPU: bf16 Winograd not run");
+        return;
+    }
+    let dev = Device::Cpu;
+    let mut rng = Rng::new(31);
+    let steps = |t: Tensor, half_range: f64, step: f64| ((t * half_range).unwrap().round().unwrap().clamp(-half_range, half_range).unwrap() * step).unwrap();
+    for (b, c, o, h, w) in [(1, 1, 1, 1, 1), (1, 3, 5, 4, 7), (2, 7, 13, 9, 17), (1, 65, 33, 5, 20), (2, 64, 48, 16, 16), (1, 12, 80, 32, 31)] {
+        let x = steps(rng.randn(&[b, c, h, w], &dev).unwrap(), 2.0, 1.0);
+        let k = steps(rng.randn(&[o, c, 3, 3], &dev).unwrap(), 4.0, 0.25);
+        let err = rel_err(&conv3x3_winograd_bf16(&x, &k).unwrap(), &x.conv2d(&k, 1, 1, 1, 1).unwrap());
+        assert!(err <= 1e-5, "{:?}: winograd bf16 err {err:.2e} on exact values", (b, c, o, h, w));
+    }
+    for (b, c, o, h, w) in [(1, 256, 256, 16, 16), (2, 320, 260, 17, 32)] {
+        let x = rng.randn(&[b, c, h, w], &dev).unwrap();
+        let k = (rng.randn(&[o, c, 3, 3], &dev).unwrap() * (1.0 / (9.0 * c as f64).sqrt())).unwrap();
+        let full = x.conv2d(&k, 1, 1, 1, 1).unwrap();
+        let got = conv3x3_winograd_bf16(&x, &k).unwrap();
+        let (err, direct) = (rel_err(&got, &full), rel_err(&conv3x3_bf16(&x, &k).unwrap(), &full));
+        let shape = (b, c, o, h, w);
+        assert!(err <= 1e-2 && err <= 3.0 * direct, "{shape:?}: winograd bf16 err {err:.2e}, direct bf16 {direct:.2e}");
+        let ws = k.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let packed = conv3x3_winograd_bf16_packed(&x, &PackedWinogradPairs::new(&ws, o, c).unwrap()).unwrap();
+        assert_eq!(packed.flatten_all().unwrap().to_vec1::<f32>().unwrap(), got.flatten_all().unwrap().to_vec1::<f32>().unwrap(), "{shape:?}");
+    }
+}

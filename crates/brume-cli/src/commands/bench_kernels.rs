@@ -11,6 +11,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 use brume::kernels::conv3x3_bf16::PackedConvPairs;
+use brume::kernels::winograd_bf16::PackedWinogradPairs;
 use brume::kernels::flash_attention::flash_attention;
 use brume::kernels::matmul_bf16::PackedStrips;
 use brume::kernels::group_norm::group_norm;
@@ -42,7 +43,8 @@ enum Op {
     GroupNorm { x: Tensor, w: Tensor, b: Tensor, groups: usize, silu: bool },
     /// `pairs`: a 3x3 kernel rounded into bf16 pairs once, as a conv layer keeps it
     /// under `--compute bf16` (CPUs with AVX512-BF16).
-    Conv { x: Tensor, w: Tensor, padding: usize, pairs: Option<PackedConvPairs> },
+    /// `wino`: the same kernel's Winograd F(2x2, 3x3) transform in bf16 pairs, made once.
+    Conv { x: Tensor, w: Tensor, padding: usize, pairs: Option<PackedConvPairs>, wino: Option<PackedWinogradPairs> },
     /// `strips`: W^T rounded into bf16 panels once, as a linear layer keeps it.
     Linear { x: Tensor, w: Tensor, strips: Option<PackedStrips> },
 }
@@ -74,7 +76,7 @@ impl Case {
     /// kernels (what `--compute bf16` runs there).
     fn alternatives(&self) -> Vec<&'static str> {
         let mut v = match &self.op {
-            Op::Conv { padding: 1, .. } if brume::kernels::conv3x3_bf16::supported() => vec!["im2col", "bf16"],
+            Op::Conv { padding: 1, .. } if brume::kernels::conv3x3_bf16::supported() => vec!["im2col", "bf16", "wino-bf16"],
             Op::Conv { .. } => vec!["im2col"],
             Op::Linear { .. } if brume::kernels::conv3x3_bf16::supported() => vec!["bf16"],
             Op::Attention { .. } if brume::kernels::conv3x3_bf16::supported() => vec!["bf16"],
@@ -104,6 +106,7 @@ impl Case {
             (Op::Conv { x, w, padding: 1, .. }, "direct") => brume::kernels::conv3x3::conv3x3(x, w),
             // The layers' path: the kernel's pairs were made once, at "load".
             (Op::Conv { x, pairs: Some(pairs), .. }, "bf16") => brume::kernels::conv3x3_bf16::conv3x3_bf16_packed(x, pairs),
+            (Op::Conv { x, wino: Some(u), .. }, "wino-bf16") => brume::kernels::winograd_bf16::conv3x3_winograd_bf16_packed(x, u),
             (Op::Linear { x, strips: Some(strips), .. }, "bf16") => brume::kernels::matmul_bf16::linear_bf16_packed(x, strips),
             (Op::Attention { q, k, scale }, "bf16") => brume::kernels::attention_bf16::attention_bf16(q, k, k, *scale, false),
             (Op::Attention { q, k, scale }, "amx") => brume::kernels::attention_amx::attention_amx(q, k, k, *scale, false),
@@ -181,16 +184,17 @@ fn cases() -> anyhow::Result<Vec<Case>> {
         ("conv3x3_64_512", 1, 64, 64, 512, 3),
     ] {
         let w = (rng.randn(&[o, c, k, k], &dev)? * (1.0 / ((c * k * k) as f64).sqrt()))?;
-        let pairs = if k == 3 && brume::kernels::conv3x3_bf16::supported() {
-            Some(PackedConvPairs::new(&w.flatten_all()?.to_vec1::<f32>()?, o, c)?)
+        let (pairs, wino) = if k == 3 && brume::kernels::conv3x3_bf16::supported() {
+            let ws = w.flatten_all()?.to_vec1::<f32>()?;
+            (Some(PackedConvPairs::new(&ws, o, c)?), Some(PackedWinogradPairs::new(&ws, o, c)?))
         } else {
-            None
+            (None, None)
         };
         v.push(Case {
             name,
             label: format!("conv {k}x{k} {c}->{o} {}{hw}x{hw}", if b > 1 { format!("{b}x ") } else { String::new() }),
             flops: 2.0 * (b * o * c * k * k * hw * hw) as f64,
-            op: Op::Conv { x: rng.randn(&[b, c, hw, hw], &dev)?, w, padding: k / 2, pairs },
+            op: Op::Conv { x: rng.randn(&[b, c, hw, hw], &dev)?, w, padding: k / 2, pairs, wino },
         });
     }
     // Transformer-block projections at 64x64 tokens: attention q/k/v/out and GEGLU's;
@@ -427,6 +431,7 @@ pub fn run(a: KernelArgs) -> anyhow::Result<()> {
         for (i, name) in alts.iter().enumerate() {
             let label = match *name {
                 "bf16" => "brume bf16",
+                "wino-bf16" => "brume wino bf16",
                 "amx" => "brume amx bf16",
                 "direct" => "brume direct",
                 _ => "brume im2col",

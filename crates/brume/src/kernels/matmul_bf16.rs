@@ -148,6 +148,36 @@ impl PackedStrips {
     pub fn bytes(&self) -> usize {
         self.data.len() * 4
     }
+
+    fn view(&self) -> StripsRef<'_> {
+        StripsRef { data: &self.data, k: self.k, n: self.n }
+    }
+}
+
+/// B [k, n] already in [`PackedStrips`]' layout, wherever it lives: a layer's packed
+/// weight, or a scratch buffer a kernel filled in that layout itself (Winograd's
+/// transformed input, [`super::winograd_bf16`]).
+#[derive(Clone, Copy)]
+pub(crate) struct StripsRef<'a> {
+    data: &'a [u32],
+    k: usize,
+    n: usize,
+}
+
+impl<'a> StripsRef<'a> {
+    /// Words a [k, n] B takes in strips: `ceil(n / 64)` strips of `ceil(k / 2)` rows of 64.
+    pub(crate) fn words(k: usize, n: usize) -> usize {
+        n.div_ceil(WIDE * L) * k.div_ceil(2) * WIDE * L
+    }
+
+    /// `data` holds [`Self::words`] for [k, n]: strip s, pair row p, column j at
+    /// `(s * ceil(k / 2) + p) * 64 + j`.
+    pub(crate) fn new(data: &'a [u32], k: usize, n: usize) -> Result<Self> {
+        if data.len() < Self::words(k, n) {
+            candle_core::bail!("gemm bf16: {} strip words for {k}x{n}", data.len());
+        }
+        Ok(Self { data, k, n })
+    }
 }
 
 /// Where the tasks find B's panels.
@@ -156,8 +186,8 @@ impl PackedStrips {
 enum Right<'a> {
     /// In memory as f32: each task rounds its panel as it goes.
     Raw { b: &'a [f32], bl: BLayout },
-    /// Already rounded and cut ([`PackedStrips`]).
-    Strips(&'a PackedStrips),
+    /// Already rounded and cut ([`PackedStrips`], [`StripsRef`]).
+    Strips(StripsRef<'a>),
 }
 
 /// As [`gemm`] with `vdpbf16ps` on zmm registers, whatever else the CPU has.
@@ -185,7 +215,14 @@ pub(crate) fn gemm_packed_a(a: &PackedPairRows, n: usize, b: &[f32], bl: BLayout
 /// kept by its layer).
 pub(crate) fn gemm_packed_b(x: &[f32], m: usize, b: &PackedStrips, dst: &mut [f32]) -> Result<()> {
     require()?;
-    run(&PackedPairRows::new(x, m, b.k, b.k)?, b.n, Right::Strips(b), dst)
+    run(&PackedPairRows::new(x, m, b.k, b.k)?, b.n, Right::Strips(b.view()), dst)
+}
+
+/// `dst [m, n] = A B` with both factors already rounded: A kept by its layer, B in
+/// strips (Winograd's products).
+pub(crate) fn gemm_packed_both(a: &PackedPairRows, b: StripsRef, dst: &mut [f32]) -> Result<()> {
+    require()?;
+    run(a, b.n, Right::Strips(b), dst)
 }
 
 /// The product of checked, rounded A with B.

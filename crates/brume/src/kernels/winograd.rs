@@ -249,7 +249,7 @@ pub(crate) fn run(isa: Isa, x: &[f32], d: Dims, weights: &[f32], out: &mut [f32]
 }
 
 /// `G g Gᵀ` for one 3x3 kernel `g` (row-major), as 16 values ξ = 4 i + j.
-fn kernel_transform(g: &[f32]) -> [f32; 16] {
+pub(super) fn kernel_transform(g: &[f32]) -> [f32; 16] {
     // Rows first: t = G g, G = [[1, 0, 0], [½, ½, ½], [½, -½, ½], [0, 0, 1]].
     let mut t = [[0f32; 3]; 4];
     for j in 0..3 {
@@ -272,13 +272,13 @@ fn kernel_transform(g: &[f32]) -> [f32; 16] {
 /// One input channel's rows split by column parity, reused across tile rows:
 /// `even[r][i]` = input column 2i - 1 and `odd[r][i]` = column 2i of patch row r
 /// (zero outside the image), i in 0..=tw, then combined down the patch rows.
-struct Rows {
+pub(super) struct Rows {
     even: [Vec<f32>; 4],
     odd: [Vec<f32>; 4],
 }
 
 impl Rows {
-    fn new(tw: usize) -> Self {
+    pub(super) fn new(tw: usize) -> Self {
         let row = || vec![0f32; tw + 1];
         Self { even: std::array::from_fn(|_| row()), odd: std::array::from_fn(|_| row()) }
     }
@@ -291,7 +291,7 @@ impl Rows {
 /// SAFETY: `vc + ξ * stride` holds `tys.len() * tw` values for every ξ < 16, written
 /// by no one else meanwhile.
 #[allow(clippy::too_many_arguments)]
-unsafe fn input_transform(plane: &[f32], h: usize, w: usize, tw: usize, tys: std::ops::Range<usize>, rows: &mut Rows, vc: *mut f32, stride: usize) {
+pub(super) unsafe fn input_transform(plane: &[f32], h: usize, w: usize, tw: usize, tys: std::ops::Range<usize>, rows: &mut Rows, vc: *mut f32, stride: usize) {
     for (ri, ty) in tys.enumerate() {
         for r in 0..4 {
             let (even, odd) = (&mut rows.even[r][..tw + 1], &mut rows.odd[r][..tw + 1]);
@@ -339,7 +339,7 @@ unsafe fn input_transform(plane: &[f32], h: usize, w: usize, tw: usize, tys: std
 /// `Aᵀ M A` for every tile of rows `tys`, output channel k, into its plane:
 /// `m` is [16][o][tiles].
 #[allow(clippy::too_many_arguments)]
-fn output_transform(m: &[f32], o: usize, k: usize, tiles: usize, h: usize, w: usize, tw: usize, tys: std::ops::Range<usize>, plane: &mut [f32]) {
+pub(super) fn output_transform(m: &[f32], o: usize, k: usize, tiles: usize, h: usize, w: usize, tw: usize, tys: std::ops::Range<usize>, plane: &mut [f32]) {
     let row = |xi: usize, ri: usize| &m[(xi * o + k) * tiles + ri * tw..][..tw];
     let mut y = [vec![0f32; tw], vec![0f32; tw], vec![0f32; tw], vec![0f32; tw]];
     for (ri, ty) in tys.enumerate() {
