@@ -303,7 +303,7 @@ fn a_budget_that_shrinks_mid_run_falls_back_then_refuses_cleanly() {
 fn fused_kernels_need_less_and_leave_no_attention_rung() {
     let m = model();
     let reference = ModelProfile::of(&m, DType::F32).with_kernels(Kernels::REFERENCE);
-    let fused = reference.clone().with_kernels(Kernels { fused_norm: true, fused_attention: true, direct_conv: true, bf16_attention: None, winograd: false, upsample_in_place: true });
+    let fused = reference.clone().with_kernels(Kernels { fused_norm: true, fused_attention: true, direct_conv: true, bf16_attention: None, winograd: false, upsample_in_place: true, bf16_winograd: false });
     let s = shape(512);
     let (r, f) = (estimate(&reference, &s, &SEQ), estimate(&fused, &s, &SEQ));
     // A 64x64 latent: 4096 queries x 4096 keys of scores per head on the plain path.

@@ -43,7 +43,9 @@ pub struct SpeedArgs {
     /// brume's modes: `fast` (its kernels, f32, Winograd F(4x4, 3x3) on the large 3x3
     /// convolutions where it wins), `direct` (the same with the direct 3x3 kernel
     /// everywhere), `bf16` (its kernels with bf16 products on AMX tiles or
-    /// AVX512-BF16, where the CPU has them) and `reference` (candle's plain ops).
+    /// AVX512-BF16, where the CPU has them; Winograd F(2x2, 3x3) on the large 3x3
+    /// convolutions without AMX), `bf16-direct` (the same with the direct 3x3 kernel)
+    /// and `reference` (candle's plain ops).
     #[arg(long, value_delimiter = ',', default_values_t = ["fast".to_string(), "bf16".into(), "reference".into()])]
     modes: Vec<String>,
     /// Timed runs per variant (after one warm-up), alternated between the variants.
@@ -365,7 +367,8 @@ fn model_folder(a: &SpeedArgs, name: &str) -> anyhow::Result<PathBuf> {
 struct Mode {
     kernels: KernelMode,
     compute: Compute,
-    /// Whether f32 3x3 convolutions may take Winograd F(4x4, 3x3) where it wins.
+    /// Whether 3x3 convolutions may take Winograd where it wins: F(4x4, 3x3) with f32
+    /// products, F(2x2, 3x3) with bf16 ones.
     winograd: bool,
 }
 
@@ -375,7 +378,8 @@ impl Mode {
             (KernelMode::Reference, ..) => "reference",
             (KernelMode::Fast, Compute::F32, true) => "fast",
             (KernelMode::Fast, Compute::F32, false) => "direct",
-            (KernelMode::Fast, Compute::Bf16, _) => "bf16",
+            (KernelMode::Fast, Compute::Bf16, true) => "bf16",
+            (KernelMode::Fast, Compute::Bf16, false) => "bf16-direct",
         }
     }
 }
@@ -400,9 +404,11 @@ pub fn run(a: SpeedArgs) -> anyhow::Result<()> {
             "fast" => modes.push(Mode { kernels: KernelMode::Fast, compute: Compute::F32, winograd: true }),
             "direct" => modes.push(Mode { kernels: KernelMode::Fast, compute: Compute::F32, winograd: false }),
             "reference" => modes.push(Mode { kernels: KernelMode::Reference, compute: Compute::F32, winograd: false }),
-            "bf16" if brume::kernels::conv3x3_bf16::supported() => modes.push(Mode { kernels: KernelMode::Fast, compute: Compute::Bf16, winograd: false }),
-            "bf16" => eprintln!("--modes bf16 left out: this CPU has no AVX512-BF16"),
-            other => bail!("--modes: `{other}` is not fast, direct, bf16 or reference"),
+            "bf16" | "bf16-direct" if brume::kernels::conv3x3_bf16::supported() => {
+                modes.push(Mode { kernels: KernelMode::Fast, compute: Compute::Bf16, winograd: m == "bf16" })
+            }
+            "bf16" | "bf16-direct" => eprintln!("--modes {m} left out: this CPU has no AVX512-BF16"),
+            other => bail!("--modes: `{other}` is not fast, direct, bf16, bf16-direct or reference"),
         }
     }
     if modes.is_empty() {

@@ -40,6 +40,8 @@ enum Bf16Weight {
     /// A linear weight [out, in] as the right factor of `x W^T`.
     AmxPairs(crate::kernels::amx::PackedPairs),
     Conv3x3(crate::kernels::conv3x3_bf16::PackedConvPairs),
+    /// A 3x3 kernel's Winograd F(2x2, 3x3) transform, for large maps.
+    Winograd(crate::kernels::winograd_bf16::PackedWinogradPairs),
     /// A 1x1 kernel as the left factor of `W x`.
     Rows(crate::kernels::matmul_bf16::PackedPairRows),
     /// A linear weight [out, in] as the right factor of `x W^T`.
@@ -53,6 +55,7 @@ impl std::fmt::Debug for Bf16Weight {
             Bf16Weight::AmxRows(p) => ("amx-rows", p.bytes()),
             Bf16Weight::AmxPairs(p) => ("amx-pairs", p.bytes()),
             Bf16Weight::Conv3x3(p) => ("conv3x3", p.bytes()),
+            Bf16Weight::Winograd(p) => ("winograd", p.bytes()),
             Bf16Weight::Rows(p) => ("rows", p.bytes()),
             Bf16Weight::Strips(p) => ("strips", p.bytes()),
         };
@@ -61,10 +64,14 @@ impl std::fmt::Debug for Bf16Weight {
 }
 
 /// The cached bf16 form `$variant` of the mapped weight `$m`, packed on first use
-/// by `$pack` (a `&[f32] -> Result<_>` closure over the f32 weight).
+/// by `$pack` (a `&[f32] -> Result<_>` closure over the f32 weight); with `$how` =
+/// `bf16_if`, `Ok(None)` where it was packed in another form.
 macro_rules! packed_form {
     ($m:expr, $variant:ident, $pack:expr) => {
-        $m.bf16(|w| Ok(Bf16Weight::$variant(($pack)(w)?)), |p| match p {
+        packed_form!($m, $variant, $pack, bf16)
+    };
+    ($m:expr, $variant:ident, $pack:expr, $how:ident) => {
+        $m.$how(|w| Ok(Bf16Weight::$variant(($pack)(w)?)), |p| match p {
             Bf16Weight::$variant(x) => Some(x),
             _ => None,
         })
@@ -107,14 +114,19 @@ impl MappedF32 {
     /// racing both pack; one result is kept), as the form `form` picks out; an error
     /// if the weight was packed for another op.
     fn bf16<T>(&self, pack: impl FnOnce(&[f32]) -> Result<Bf16Weight>, form: fn(&Bf16Weight) -> Option<&T>) -> Result<&T> {
+        self.bf16_if(pack, form)?
+            .ok_or_else(|| candle_core::Error::Msg(format!("mapped weight {:?} was packed for another op", self.shape)))
+    }
+
+    /// As [`Self::bf16`], `None` where the weight was packed in another form: a 3x3
+    /// kernel packed for the direct kernel at one map size and asked for its Winograd
+    /// transform at another (a new resolution) runs per call instead of holding both.
+    fn bf16_if<T>(&self, pack: impl FnOnce(&[f32]) -> Result<Bf16Weight>, form: fn(&Bf16Weight) -> Option<&T>) -> Result<Option<&T>> {
         if self.bf16.get().is_none() {
             let packed = pack(self.data())?;
             let _ = self.bf16.set(packed);
         }
-        self.bf16
-            .get()
-            .and_then(form)
-            .ok_or_else(|| candle_core::Error::Msg(format!("mapped weight {:?} was packed for another op", self.shape)))
+        Ok(self.bf16.get().and_then(form))
     }
 
     /// Copies into a tensor (for devices our kernels do not cover).
@@ -494,10 +506,18 @@ fn conv_bf16_cached(x: &[f32], g: ConvGeom, m: &MappedF32, o: usize, out: &mut [
             use crate::kernels::amx::{conv3x3_packed, PackedConv3x3};
             let wt = packed_form!(m, AmxConv3x3, |w| PackedConv3x3::new(w, o, c))?;
             conv3x3_packed(x, d, wt, out)?;
+        } else if crate::kernels::winograd_bf16::wins(d) {
+            use crate::kernels::winograd_bf16::{run_packed, PackedWinogradPairs};
+            match packed_form!(m, Winograd, |w| PackedWinogradPairs::new(w, o, c), bf16_if)? {
+                Some(u) => run_packed(x, d, u, out)?,
+                None => crate::kernels::winograd_bf16::run(x, d, m.data(), out)?,
+            }
         } else {
-            use crate::kernels::conv3x3_bf16::{run_packed, PackedConvPairs};
-            let wt = packed_form!(m, Conv3x3, |w| PackedConvPairs::new(w, o, c))?;
-            run_packed(x, d, wt, out)?;
+            use crate::kernels::conv3x3_bf16::{run_packed, run_vector, PackedConvPairs};
+            match packed_form!(m, Conv3x3, |w| PackedConvPairs::new(w, o, c), bf16_if)? {
+                Some(wt) => run_packed(x, d, wt, out)?,
+                None => run_vector(x, d, m.data(), out)?,
+            }
         }
         return Ok(true);
     }
@@ -541,7 +561,9 @@ fn conv_into(x: &[f32], g: ConvGeom, o: usize, weights: &[f32], bf16: bool, up: 
     }
     if (kh, kw, s, p) == (3, 3, 1, 1) && fast() {
         let d = crate::kernels::conv3x3::Dims { batch: b, in_ch: c, out_ch: o, h, w };
-        return if bf16 {
+        return if bf16 && crate::kernels::winograd_bf16::wins(d) {
+            crate::kernels::winograd_bf16::run(x, d, weights, out)
+        } else if bf16 {
             crate::kernels::conv3x3_bf16::run(x, d, weights, out)
         } else {
             crate::kernels::conv3x3::run_best(crate::kernels::isa(), x, d, weights, out)

@@ -34,12 +34,15 @@ pub struct Kernels {
     /// An upsampler's conv with f32 products on the row layout reads the half-size map
     /// in place (`kernels::conv3x3::run_upsampled`): the doubled map is never formed.
     pub upsample_in_place: bool,
+    /// 3x3 convolutions with bf16 products on mid-size maps may run Winograd F(2x2, 3x3)
+    /// (`kernels::winograd_bf16::wins`): a larger packed kernel, and chunk scratch.
+    pub bf16_winograd: bool,
 }
 
 impl Kernels {
     /// candle's plain ops (`--kernels reference`, other devices, non-f32 compute).
     pub const REFERENCE: Self =
-        Self { fused_norm: false, fused_attention: false, direct_conv: false, bf16_attention: None, winograd: false, upsample_in_place: false };
+        Self { fused_norm: false, fused_attention: false, direct_conv: false, bf16_attention: None, winograd: false, upsample_in_place: false, bf16_winograd: false };
 
     /// What this process runs on the CPU for activations of `dtype`, by the
     /// layers' own rules (`kernels::fast_for`, `kernels::fused_attention_on_cpu`).
@@ -49,7 +52,8 @@ impl Kernels {
         let bf16_attention = if fused_attention { crate::kernels::bf16_attention() } else { None };
         let winograd = fast && crate::kernels::compute() == crate::kernels::Compute::F32 && crate::kernels::winograd::mode() != crate::kernels::winograd::Mode::Off;
         let upsample_in_place = fast && crate::kernels::compute() == crate::kernels::Compute::F32;
-        Self { fused_norm: fast, fused_attention, direct_conv: fast, bf16_attention, winograd, upsample_in_place }
+        let bf16_winograd = crate::kernels::bf16_copies_for(dtype);
+        Self { fused_norm: fast, fused_attention, direct_conv: fast, bf16_attention, winograd, upsample_in_place, bf16_winograd }
     }
 }
 
@@ -89,8 +93,17 @@ impl Sim {
         }
     }
     /// The scratch of a 3x3, stride-1 convolution from `c` to `o` channels over `m`.
-    fn conv3(&self, c: u64, o: u64, m: Map) -> u64 {
+    ///
+    /// A bf16 Winograd conv also holds its kernel's transform, 16/9 of the direct
+    /// kernel's pair table that `estimate::segment_weights` counts, from its first call
+    /// to the segment's end: the difference, 14 bytes per (input, output) channel pair,
+    /// is allocated here and never freed.
+    fn conv3(&mut self, c: u64, o: u64, m: Map) -> u64 {
         let d = crate::kernels::conv3x3::Dims { batch: m.b as usize, in_ch: c as usize, out_ch: o as usize, h: m.h as usize, w: m.w as usize };
+        if self.kernels.bf16_winograd && crate::kernels::winograd_bf16::wins(d) {
+            self.alloc(14 * c * o);
+            return crate::kernels::winograd_bf16::scratch_bytes(d) as u64;
+        }
         if let Some(bytes) = self.kernels.winograd.then(|| crate::kernels::winograd::scratch_bytes(d)).flatten() {
             bytes as u64
         } else if self.kernels.direct_conv {
@@ -155,7 +168,8 @@ fn resnet(sim: &mut Sim, m: Map, cin: usize, cout: usize) {
     let (i, o) = (m.ch(cin), m.ch(cout));
     // norm1 internals, then norm + silu + conv1 and its patches.
     sim.spike(sim.norm(i));
-    sim.spike(sim.norm_act(i) + o + sim.conv3(cin as u64, cout as u64, m));
+    let conv = sim.conv3(cin as u64, cout as u64, m);
+    sim.spike(sim.norm_act(i) + o + conv);
     sim.alloc(o); // h, the timestep offset added in place
     let mut held = o;
     if cin != cout {
@@ -163,7 +177,8 @@ fn resnet(sim: &mut Sim, m: Map, cin: usize, cout: usize) {
         held += o;
     }
     sim.spike(sim.norm(o));
-    sim.spike(sim.norm_act(o) + o + sim.conv3(cout as u64, cout as u64, m));
+    let conv = sim.conv3(cout as u64, cout as u64, m);
+    sim.spike(sim.norm_act(o) + o + conv);
     sim.alloc(o); // output: conv2 with the skip added in place
     sim.free(held);
 }
@@ -258,7 +273,8 @@ pub fn unet(cfg: &UNetConfig, b: usize, h: usize, w: usize, s: usize, ctx_tokens
     let ch = &cfg.block_out_channels;
     let ctx = ctx_tokens as u64;
     sim.alloc(m.ch(cfg.in_channels)); // the sample
-    sim.spike(m.ch(ch[0]) + sim.conv3(cfg.in_channels as u64, ch[0] as u64, m));
+    let conv = sim.conv3(cfg.in_channels as u64, ch[0] as u64, m);
+    sim.spike(m.ch(ch[0]) + conv);
     sim.alloc(m.ch(ch[0])); // conv_in (also the first skip: shared storage)
     let mut skips: Vec<u64> = vec![m.ch(ch[0])];
     let mut prev = ch[0];
@@ -323,7 +339,8 @@ pub fn unet(cfg: &UNetConfig, b: usize, h: usize, w: usize, s: usize, ctx_tokens
             m = upsample(&mut sim, m, c);
         }
     }
-    sim.spike(sim.norm(m.ch(ch[0])).max(sim.norm_act(m.ch(ch[0])) + sim.conv3(ch[0] as u64, cfg.out_channels as u64, m) + m.ch(cfg.out_channels)));
+    let conv = sim.conv3(ch[0] as u64, cfg.out_channels as u64, m);
+    sim.spike(sim.norm(m.ch(ch[0])).max(sim.norm_act(m.ch(ch[0])) + conv + m.ch(cfg.out_channels)));
     sim.peak()
 }
 
@@ -334,7 +351,8 @@ pub fn vae_decoder(cfg: &AutoencoderKLConfig, b: usize, h: usize, w: usize, s: u
     let ch = &cfg.block_out_channels;
     let top = *ch.last().unwrap_or(&0);
     sim.alloc(2 * m.ch(cfg.latent_channels)); // latents, post_quant_conv
-    sim.spike(m.ch(top) + sim.conv3(cfg.latent_channels as u64, top as u64, m));
+    let conv = sim.conv3(cfg.latent_channels as u64, top as u64, m);
+    sim.spike(m.ch(top) + conv);
     sim.alloc(m.ch(top));
     resnet(&mut sim, m, top, top);
     sim.free(m.ch(top));
@@ -366,7 +384,8 @@ pub fn vae_decoder(cfg: &AutoencoderKLConfig, b: usize, h: usize, w: usize, s: u
             m = upsample(&mut sim, m, c);
         }
     }
-    sim.spike(sim.norm(m.ch(ch[0])).max(sim.norm_act(m.ch(ch[0])) + sim.conv3(ch[0] as u64, cfg.out_channels as u64, m) + m.ch(cfg.out_channels)));
+    let conv = sim.conv3(ch[0] as u64, cfg.out_channels as u64, m);
+    sim.spike(sim.norm(m.ch(ch[0])).max(sim.norm_act(m.ch(ch[0])) + conv + m.ch(cfg.out_channels)));
     sim.peak()
 }
 
@@ -391,7 +410,8 @@ fn upsample(sim: &mut Sim, m: Map, c: usize) -> Map {
     let formed = !(sim.kernels.upsample_in_place && crate::kernels::conv3x3::reads_upsampled(crate::kernels::isa(), b, c, h, w));
     let doubled = if formed { up.ch(c) } else { 0 };
     sim.alloc(doubled);
-    sim.spike(up.ch(c) + sim.conv3(c as u64, c as u64, up));
+    let conv = sim.conv3(c as u64, c as u64, up);
+    sim.spike(up.ch(c) + conv);
     sim.alloc(up.ch(c));
     sim.free(doubled + m.ch(c));
     up
