@@ -45,13 +45,14 @@ const CHUNK: usize = 16 << 20;
 const MIN_SIDE: usize = 16;
 const MIN_CHANNELS: usize = 32;
 
-/// How one convolution runs as Winograd: `th x tw` tiles per image, `rows` tile
-/// rows per chunk.
+/// How a Winograd convolution walks its map (all three transforms): `th x tw` tiles,
+/// `rows` tile rows per chunk, so that a chunk's transformed input and products stay
+/// near a byte budget.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Plan {
-    th: usize,
-    tw: usize,
-    rows: usize,
+    pub(super) th: usize,
+    pub(super) tw: usize,
+    pub(super) rows: usize,
 }
 
 /// Which Winograd transforms the layers may take for f32 3x3 convolutions.
@@ -134,19 +135,26 @@ pub(crate) fn plan(d: Dims) -> Option<Plan> {
     if batch == 0 || h.min(w) < MIN_SIDE || c.min(o) < MIN_CHANNELS || u_bytes(c, o) > U_MAX {
         return None;
     }
-    Some(Plan::new(c, o, h, w))
+    Some(Plan::new(2, 16 * 4 * (c + o), h, w, CHUNK))
 }
 
 impl Plan {
-    fn new(c: usize, o: usize, h: usize, w: usize) -> Self {
-        let (th, tw) = (h.div_ceil(2), w.div_ceil(2));
-        let per_row = 16 * 4 * (c + o) * tw;
-        Self { th, tw, rows: (CHUNK / per_row).clamp(1, th) }
+    /// Tiles of `side` x `side` outputs over an h x w map, each chunk at most `budget`
+    /// bytes at `per_tile` bytes per tile (at least one tile row).
+    pub(super) fn new(side: usize, per_tile: usize, h: usize, w: usize, budget: usize) -> Self {
+        let (th, tw) = (h.div_ceil(side), w.div_ceil(side));
+        Self { th, tw, rows: (budget / (per_tile * tw).max(1)).clamp(1, th.max(1)) }
     }
 
     /// Tiles per chunk (the products' column count).
-    fn tiles(&self) -> usize {
+    pub(super) fn tiles(&self) -> usize {
         self.rows * self.tw
+    }
+
+    /// Each chunk's tile rows.
+    pub(super) fn chunks(&self) -> impl Iterator<Item = std::ops::Range<usize>> {
+        let (th, rows) = (self.th, self.rows.max(1));
+        (0..th).step_by(rows).map(move |t| t..(t + rows).min(th))
     }
 }
 
@@ -201,7 +209,7 @@ pub(crate) fn run(isa: Isa, x: &[f32], d: Dims, weights: &[f32], out: &mut [f32]
         return Ok(());
     }
     let Dims { batch, in_ch: c, out_ch: o, h, w } = d;
-    let p = Plan::new(c, o, h, w);
+    let p = Plan::new(2, 16 * 4 * (c + o), h, w, CHUNK);
     // U [16][o][c] and V [16][c][tiles]: every product reads whole rows. (With ξ
     // inside, rows 16c apart put the GEMM's six rows of A in one cache set: 110
     // GFLOP/s instead of 190.)
@@ -222,9 +230,8 @@ pub(crate) fn run(isa: Isa, x: &[f32], d: Dims, weights: &[f32], out: &mut [f32]
     for n in 0..batch {
         let img = &x[n * c * h * w..(n + 1) * c * h * w];
         let dst = &mut out[n * o * h * w..(n + 1) * o * h * w];
-        let mut ty0 = 0;
-        while ty0 < p.th {
-            let ty1 = (ty0 + p.rows).min(p.th);
+        for tys in p.chunks() {
+            let (ty0, ty1) = (tys.start, tys.end);
             let tiles = (ty1 - ty0) * p.tw;
             let v = &mut v[..16 * c * tiles];
             let m = &mut m[..16 * o * tiles];
@@ -242,7 +249,6 @@ pub(crate) fn run(isa: Isa, x: &[f32], d: Dims, weights: &[f32], out: &mut [f32]
             dst.par_chunks_mut(h * w).enumerate().for_each(|(k, plane)| {
                 output_transform(m, o, k, tiles, h, w, p.tw, ty0..ty1, plane);
             });
-            ty0 = ty1;
         }
     }
     Ok(())

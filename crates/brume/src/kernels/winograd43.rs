@@ -22,6 +22,7 @@ use candle_core::Result;
 use rayon::prelude::*;
 
 use super::conv3x3::Dims;
+use super::winograd::Plan;
 use super::matmul::{block, load_wide, store_wide, MR};
 use super::simd::{Portable, Simd};
 use super::{require, Isa, SharedMut};
@@ -34,24 +35,10 @@ const KC: usize = 128;
 /// Bytes of transformed input plus products per chunk of tile rows.
 const CHUNK: usize = 16 << 20;
 
-/// How one convolution runs: `th x tw` tiles per image, `rows` tile rows per chunk.
-#[derive(Debug, Clone, Copy)]
-struct Plan {
-    th: usize,
-    tw: usize,
-    rows: usize,
-}
-
-impl Plan {
-    fn new(c: usize, o: usize, h: usize, w: usize) -> Self {
-        let (th, tw) = (h.div_ceil(4), w.div_ceil(4));
-        let per_row = 36 * 4 * (c + o) * tw;
-        Self { th, tw, rows: (CHUNK / per_row.max(1)).clamp(1, th.max(1)) }
-    }
-
-    fn tiles(&self) -> usize {
-        self.rows * self.tw
-    }
+/// The chunking of an F(4x4, 3x3) call: per tile, 36 values of transformed input per
+/// input channel and 36 products per output channel, f32.
+fn plan(c: usize, o: usize, h: usize, w: usize) -> Plan {
+    Plan::new(4, 36 * 4 * (c + o), h, w, CHUNK)
 }
 
 /// Transform rows of U (six matrices of [o, c] each) held at once.
@@ -62,7 +49,7 @@ fn u_rows_per_group(c: usize, o: usize) -> usize {
 /// Bytes a call allocates beyond its output: the transformed kernel it holds at once
 /// and one chunk's transformed input and products.
 pub(crate) fn scratch_bytes(d: Dims) -> usize {
-    let p = Plan::new(d.in_ch, d.out_ch, d.h, d.w);
+    let p = plan(d.in_ch, d.out_ch, d.h, d.w);
     6 * u_rows_per_group(d.in_ch, d.out_ch) * d.in_ch * d.out_ch * 4 + 36 * 4 * (d.in_ch + d.out_ch) * p.tiles()
 }
 
@@ -129,7 +116,7 @@ fn strip_width(isa: Isa) -> usize {
 fn run_on(isa: Isa, x: &[f32], d: Dims, weights: &[f32], out: &mut [f32], up: bool) {
     let Dims { batch, in_ch: c, out_ch: o, h, w } = d;
     let nr = strip_width(isa);
-    let p = Plan::new(c, o, h, w);
+    let p = plan(c, o, h, w);
     // U's rows i of the 6x6 transform (6 values of ξ each) in groups of `per` (all six
     // when they fit in U_CHUNK); made once when one group holds them all, else per
     // group per chunk of tiles.
@@ -148,9 +135,8 @@ fn run_on(isa: Isa, x: &[f32], d: Dims, weights: &[f32], out: &mut [f32], up: bo
         let plane_len = if up { (h / 2) * (w / 2) } else { h * w };
         let img = &x[n * c * plane_len..(n + 1) * c * plane_len];
         let dst = &mut out[n * o * h * w..(n + 1) * o * h * w];
-        let mut ty0 = 0;
-        while ty0 < p.th {
-            let ty1 = (ty0 + p.rows).min(p.th);
+        for tys in p.chunks() {
+            let (ty0, ty1) = (tys.start, tys.end);
             let tiles = (ty1 - ty0) * p.tw;
             let strips = tiles.div_ceil(nr);
             let vshare = SharedMut(v.as_mut_ptr());
@@ -202,7 +188,6 @@ fn run_on(isa: Isa, x: &[f32], d: Dims, weights: &[f32], out: &mut [f32], up: bo
                 || Phases::new(p.tw),
                 |z, (k, plane)| on_isa(isa, || output_transform(m, o, k, tiles, h, w, p.tw, ty0..ty1, z, plane)),
             );
-            ty0 = ty1;
         }
     }
 }

@@ -28,7 +28,7 @@ use super::bf16::pack_pairs;
 use super::bf16::require;
 use super::conv3x3::Dims;
 use super::matmul_bf16::{gemm_packed_both, PackedPairRows, StripsRef};
-use super::winograd::{input_transform, kernel_transform, output_transform, Rows};
+use super::winograd::{input_transform, kernel_transform, output_transform, Plan, Rows};
 use super::SharedMut;
 
 /// Bytes of transformed input plus products per chunk of tile rows.
@@ -79,36 +79,16 @@ impl PackedWinogradPairs {
     }
 }
 
-/// How one convolution runs: `th x tw` tiles per image, `rows` tile rows per chunk.
-#[derive(Debug, Clone, Copy)]
-struct Plan {
-    th: usize,
-    tw: usize,
-    rows: usize,
-}
-
-impl Plan {
-    fn new(c: usize, o: usize, h: usize, w: usize) -> Self {
-        Self::with_chunk(c, o, h, w, CHUNK)
-    }
-
-    fn with_chunk(c: usize, o: usize, h: usize, w: usize, chunk: usize) -> Self {
-        let (th, tw) = (h.div_ceil(2), w.div_ceil(2));
-        // Per tile: 16 values of V as half a pair word per channel, 16 f32 products per
-        // output channel.
-        let per_row = 16 * (2 * c + 4 * o) * tw;
-        Self { th, tw, rows: (chunk / per_row.max(1)).clamp(1, th.max(1)) }
-    }
-
-    fn tiles(&self) -> usize {
-        self.rows * self.tw
-    }
+/// The chunking of a call: per tile, 16 values of transformed input as half a pair
+/// word per input channel, and 16 f32 products per output channel.
+fn plan(c: usize, o: usize, h: usize, w: usize, budget: usize) -> Plan {
+    Plan::new(2, 16 * (2 * c + 4 * o), h, w, budget)
 }
 
 /// Bytes a call for `d` allocates beyond its output and the packed kernel: one chunk's
 /// transformed input and products, and each thread's f32 rows of two channels.
 pub(crate) fn scratch_bytes(d: Dims) -> usize {
-    let p = Plan::new(d.in_ch, d.out_ch, d.h, d.w);
+    let p = plan(d.in_ch, d.out_ch, d.h, d.w, CHUNK);
     let tiles = p.tiles();
     16 * StripsRef::words(d.in_ch, tiles) * 4 + 16 * d.out_ch * tiles * 4 + rayon::current_num_threads() * 2 * 16 * tiles * 4
 }
@@ -152,7 +132,7 @@ pub(crate) fn run_packed(x: &[f32], d: Dims, u: &PackedWinogradPairs, out: &mut 
         out.fill(0.0);
         return Ok(());
     }
-    planned(x, d, u, Plan::new(c, o, h, w), out)
+    planned(x, d, u, plan(c, o, h, w, CHUNK), out)
 }
 
 /// [`run_packed`]'s work on checked buffers, a chunk of `p.rows` tile rows at a time.
@@ -194,9 +174,8 @@ fn chunks(x: &[f32], d: Dims, u: &PackedWinogradPairs, p: Plan, v: &mut [u32], m
     for n in 0..batch {
         let img = &x[n * c * h * w..(n + 1) * c * h * w];
         let dst = &mut out[n * o * h * w..(n + 1) * o * h * w];
-        let mut ty0 = 0;
-        while ty0 < p.th {
-            let ty1 = (ty0 + p.rows).min(p.th);
+        for tys in p.chunks() {
+            let (ty0, ty1) = (tys.start, tys.end);
             let tiles = (ty1 - ty0) * p.tw;
             let vw = StripsRef::words(c, tiles);
             let vshare = SharedMut(v.as_mut_ptr() as *mut f32);
@@ -241,7 +220,6 @@ fn chunks(x: &[f32], d: Dims, u: &PackedWinogradPairs, p: Plan, v: &mut [u32], m
             dst.par_chunks_mut(h * w).enumerate().for_each(|(k, plane)| {
                 output_transform(mm, o, k, tiles, h, w, p.tw, ty0..ty1, plane);
             });
-            ty0 = ty1;
         }
     }
     Ok(())
@@ -286,7 +264,7 @@ mod tests {
         let mut whole = vec![0f32; d.batch * d.out_ch * d.h * d.w];
         run_packed(&x, d, &u, &mut whole).unwrap();
         let mut rows = vec![f32::NAN; whole.len()];
-        let p = Plan::with_chunk(d.in_ch, d.out_ch, d.h, d.w, 1);
+        let p = plan(d.in_ch, d.out_ch, d.h, d.w, 1);
         assert_eq!(p.rows, 1);
         planned(&x, d, &u, p, &mut rows).unwrap();
         assert_eq!(whole, rows);
