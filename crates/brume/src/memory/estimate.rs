@@ -183,6 +183,16 @@ pub fn estimate(model: &ModelProfile, req: &RequestShape, strategy: &Strategy) -
     let (lh, lw) = (req.height / f, req.width / f);
     let lat_c = model.vae.latent_channels() as u64;
     let latents = (req.batch * lh * lw) as u64 * lat_c * 4;
+    // Packed kernels whose size depends on the map they run on (bf16 Winograd
+    // transforms): the layers keep them with their weights once made.
+    let unet_w = unet_w.add(Footprint::private(sim::unet_held_weights(&model.unet, lh, lw, model.kernels)));
+    let dec_w = match (&model.vae, strategy.vae) {
+        (VaeConfig::Kl(c), VaeDecode::Full) => dec_w.add(Footprint::private(sim::vae_decoder_held_weights(c, lh, lw, model.kernels))),
+        (VaeConfig::Kl(c), VaeDecode::Tiled(t)) => {
+            dec_w.add(Footprint::private(sim::vae_decoder_held_weights(c, t.tile().min(lh), t.tile().min(lw), model.kernels)))
+        }
+        (VaeConfig::Tiny(_), _) => dec_w,
+    };
     let hidden = model.text.hidden_size;
     // Encoder hidden states per branch and the cross-attention K/V cache.
     let cond = (branches * req.batch * TOKENS * hidden * 4) as u64 * 2

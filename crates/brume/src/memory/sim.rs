@@ -63,11 +63,14 @@ pub struct Sim {
     live: u64,
     peak: u64,
     kernels: Kernels,
+    /// Bytes of packed kernels the walk's convolutions keep beyond what
+    /// `estimate::segment_weights` counts (bf16 Winograd transforms).
+    held_weights: u64,
 }
 
 impl Sim {
     fn new(kernels: Kernels) -> Self {
-        Self { live: 0, peak: 0, kernels }
+        Self { live: 0, peak: 0, kernels, held_weights: 0 }
     }
     pub fn peak(&self) -> u64 {
         self.peak
@@ -95,13 +98,13 @@ impl Sim {
     /// The scratch of a 3x3, stride-1 convolution from `c` to `o` channels over `m`.
     ///
     /// A bf16 Winograd conv also holds its kernel's transform, 16/9 of the direct
-    /// kernel's pair table that `estimate::segment_weights` counts, from its first call
-    /// to the segment's end: the difference, 14 bytes per (input, output) channel pair,
-    /// is allocated here and never freed.
+    /// kernel's pair table that `estimate::segment_weights` counts, for as long as its
+    /// segment is loaded: the difference, 14 bytes per (input, output) channel pair,
+    /// goes to `held_weights`, which the estimator adds to the segment's weights.
     fn conv3(&mut self, c: u64, o: u64, m: Map) -> u64 {
         let d = crate::kernels::conv3x3::Dims { batch: m.b as usize, in_ch: c as usize, out_ch: o as usize, h: m.h as usize, w: m.w as usize };
         if self.kernels.bf16_winograd && crate::kernels::winograd_bf16::wins(d) {
-            self.alloc(14 * c * o);
+            self.held_weights += 14 * c * o;
             return crate::kernels::winograd_bf16::scratch_bytes(d) as u64;
         }
         if let Some(bytes) = self.kernels.winograd.then(|| crate::kernels::winograd::scratch_bytes(d)).flatten() {
@@ -268,6 +271,17 @@ fn transformer(sim: &mut Sim, m: Map, c: usize, heads: usize, depth: usize, ctx_
 /// batch `b` (already doubled for guidance), `s` bytes per element.
 #[allow(clippy::too_many_arguments)]
 pub fn unet(cfg: &UNetConfig, b: usize, h: usize, w: usize, s: usize, ctx_tokens: usize, mode: AttentionMode, kernels: Kernels) -> u64 {
+    unet_walk(cfg, b, h, w, s, ctx_tokens, mode, kernels).peak()
+}
+
+/// Bytes of packed kernels the UNet's layers keep at this latent size beyond what
+/// `estimate::segment_weights` counts (they depend on the map sizes).
+pub fn unet_held_weights(cfg: &UNetConfig, h: usize, w: usize, kernels: Kernels) -> u64 {
+    unet_walk(cfg, 1, h, w, 4, 77, AttentionMode::Full, kernels).held_weights
+}
+
+#[allow(clippy::too_many_arguments)]
+fn unet_walk(cfg: &UNetConfig, b: usize, h: usize, w: usize, s: usize, ctx_tokens: usize, mode: AttentionMode, kernels: Kernels) -> Sim {
     let mut sim = Sim::new(kernels);
     let mut m = Map { b: b as u64, h: h as u64, w: w as u64, s: s as u64 };
     let ch = &cfg.block_out_channels;
@@ -341,11 +355,20 @@ pub fn unet(cfg: &UNetConfig, b: usize, h: usize, w: usize, s: usize, ctx_tokens
     }
     let conv = sim.conv3(ch[0] as u64, cfg.out_channels as u64, m);
     sim.spike(sim.norm(m.ch(ch[0])).max(sim.norm_act(m.ch(ch[0])) + conv + m.ch(cfg.out_channels)));
-    sim.peak()
+    sim
 }
 
 /// Peak activation bytes of the KL VAE decoder on a latent of `h x w`, batch `b`.
 pub fn vae_decoder(cfg: &AutoencoderKLConfig, b: usize, h: usize, w: usize, s: usize, kernels: Kernels) -> u64 {
+    vae_decoder_walk(cfg, b, h, w, s, kernels).peak()
+}
+
+/// As [`unet_held_weights`] for the KL VAE decoder.
+pub fn vae_decoder_held_weights(cfg: &AutoencoderKLConfig, h: usize, w: usize, kernels: Kernels) -> u64 {
+    vae_decoder_walk(cfg, 1, h, w, 4, kernels).held_weights
+}
+
+fn vae_decoder_walk(cfg: &AutoencoderKLConfig, b: usize, h: usize, w: usize, s: usize, kernels: Kernels) -> Sim {
     let mut sim = Sim::new(kernels);
     let mut m = Map { b: b as u64, h: h as u64, w: w as u64, s: s as u64 };
     let ch = &cfg.block_out_channels;
@@ -386,7 +409,7 @@ pub fn vae_decoder(cfg: &AutoencoderKLConfig, b: usize, h: usize, w: usize, s: u
     }
     let conv = sim.conv3(ch[0] as u64, cfg.out_channels as u64, m);
     sim.spike(sim.norm(m.ch(ch[0])).max(sim.norm_act(m.ch(ch[0])) + conv + m.ch(cfg.out_channels)));
-    sim.peak()
+    sim
 }
 
 /// Peak activation bytes of the CLIP text encoder on `b` sequences of `tokens`.
