@@ -663,6 +663,7 @@ unsafe fn row_avx512(img: Src, d: Dims, n: usize, y: usize, w: &[f32], blocks: s
 /// (SD's 64-wide level, the VAE's 128-512): 6 channels x 4 vectors hold 24 of the 32
 /// registers, and each tap feeds 24 FMAs from 4 loads and 6 broadcasts where 6 x 2 fed
 /// 12 from 2 and 6 (the GEMM's same change: `matmul::WIDE`).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 const WIDE: usize = 4;
 
 #[cfg(target_arch = "x86_64")]

@@ -31,7 +31,9 @@ use super::conv3x3::{flat_task, FlatPanel};
 use super::matmul::{load_block, store_block};
 #[cfg(target_arch = "x86_64")]
 use super::simd::Avx512;
-use super::conv3x3::{with_sums, AllLanes, Dims, EdgeLanes, Flat, FlatTasks, RowTasks, TapLanes, OB};
+#[cfg(target_arch = "x86_64")]
+use super::conv3x3::{AllLanes, TapLanes};
+use super::conv3x3::{with_sums, Dims, EdgeLanes, Flat, FlatTasks, RowTasks, OB};
 use super::SharedMut;
 
 /// Pixels per vector (16 f32 lanes, each fed by one bf16 pair).

@@ -158,6 +158,7 @@ impl PackedStrips {
 /// weight, or a scratch buffer a kernel filled in that layout itself (Winograd's
 /// transformed input, [`super::winograd_bf16`]).
 #[derive(Clone, Copy)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) struct StripsRef<'a> {
     data: &'a [u32],
     k: usize,
