@@ -101,6 +101,14 @@ impl PackedPairRows {
         Ok(Self { data, m, k })
     }
 
+    /// Rows already rounded by the caller: `data` holds m rows of `ceil(k / 2)` words.
+    pub(crate) fn from_words(data: Vec<u32>, m: usize, k: usize) -> Result<Self> {
+        if data.len() != m * k.div_ceil(2) {
+            candle_core::bail!("gemm bf16: {} pair words for {m}x{k}", data.len());
+        }
+        Ok(Self { data, m, k })
+    }
+
     pub fn bytes(&self) -> usize {
         self.data.len() * 4
     }

@@ -25,7 +25,7 @@ use rayon::prelude::*;
 
 #[cfg(target_arch = "x86_64")]
 use super::bf16::pack_pairs;
-use super::bf16::require;
+use super::bf16::{bf16_bits, require};
 use super::conv3x3::Dims;
 use super::matmul_bf16::{gemm_packed_both, PackedPairRows, StripsRef};
 use super::winograd::{input_transform, kernel_transform, output_transform, Plan, Rows};
@@ -51,26 +51,25 @@ impl PackedWinogradPairs {
         if weights.len() != o * c * 9 {
             candle_core::bail!("winograd bf16: {} weights for [{o}, {c}, 3, 3]", weights.len());
         }
-        // Four of the 16 matrices at a time in f32 (a 640-channel kernel's whole
-        // transform would be 26 MB of scratch for a 3 MB result).
-        let mut u = Vec::with_capacity(16);
-        let mut f = vec![0f32; 4 * o * c];
-        for group in 0..4 {
-            let share = SharedMut(f.as_mut_ptr());
-            weights.par_chunks(9 * c.max(1)).take(o).enumerate().for_each(|(k, wk)| {
-                for (ci, g) in wk.chunks_exact(9).enumerate() {
-                    let t = kernel_transform(g);
-                    for j in 0..4 {
-                        // SAFETY: row k of matrix j of this group, inside f (4 o c values);
-                        // task k writes only its rows.
-                        unsafe { *share.get().add((j * o + k) * c + ci) = t[4 * group + j] };
-                    }
+        // Each (output, input-channel pair)'s two transforms are made once and rounded
+        // straight into their words of the 16 tables (the scalar rule of the vector
+        // rounding the activations take), with no f32 copy of the transform.
+        let cp = c.div_ceil(2);
+        let mut words: Vec<Vec<u32>> = (0..16).map(|_| vec![0u32; o * cp]).collect();
+        let rows: Vec<SharedMut> = words.iter_mut().map(|t| SharedMut(t.as_mut_ptr() as *mut f32)).collect();
+        let rows = &rows;
+        weights.par_chunks(9 * c.max(1)).take(o).enumerate().for_each(|(k, wk)| {
+            for p in 0..cp {
+                let lo = kernel_transform(&wk[18 * p..18 * p + 9]);
+                let hi = if 2 * p + 1 < c { kernel_transform(&wk[18 * p + 9..18 * p + 18]) } else { [0.0; 16] };
+                for (xi, table) in rows.iter().enumerate() {
+                    // SAFETY: word (k, p) of table ξ, inside its o * cp words; task k
+                    // writes only row k.
+                    unsafe { *(table.get() as *mut u32).add(k * cp + p) = bf16_bits(lo[xi]) | (bf16_bits(hi[xi]) << 16) };
                 }
-            });
-            for j in 0..4 {
-                u.push(PackedPairRows::new(&f[j * o * c..(j + 1) * o * c], o, c, c)?);
             }
-        }
+        });
+        let u = words.into_iter().map(|data| PackedPairRows::from_words(data, o, c)).collect::<Result<Vec<_>>>()?;
         Ok(Self { u, out_ch, in_ch })
     }
 
