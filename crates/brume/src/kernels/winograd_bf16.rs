@@ -124,11 +124,7 @@ pub(crate) fn run_packed(x: &[f32], d: Dims, u: &PackedWinogradPairs, out: &mut 
     if x.len() != batch * c * h * w || (u.out_ch, u.in_ch) != (o, c) || out.len() != batch * o * h * w {
         candle_core::bail!("winograd bf16: buffer sizes do not match {d:?} (kernel [{}, {}])", u.out_ch, u.in_ch);
     }
-    if out.is_empty() {
-        return Ok(());
-    }
-    if c == 0 {
-        out.fill(0.0);
+    if !d.needs_compute(out) {
         return Ok(());
     }
     planned(x, d, u, plan(c, o, h, w, CHUNK), out)

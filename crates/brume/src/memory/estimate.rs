@@ -183,16 +183,6 @@ pub fn estimate(model: &ModelProfile, req: &RequestShape, strategy: &Strategy) -
     let (lh, lw) = (req.height / f, req.width / f);
     let lat_c = model.vae.latent_channels() as u64;
     let latents = (req.batch * lh * lw) as u64 * lat_c * 4;
-    // Packed kernels whose size depends on the map they run on (bf16 Winograd
-    // transforms): the layers keep them with their weights once made.
-    let unet_w = unet_w.add(Footprint::private(sim::unet_held_weights(&model.unet, lh, lw, model.kernels)));
-    let dec_w = match (&model.vae, strategy.vae) {
-        (VaeConfig::Kl(c), VaeDecode::Full) => dec_w.add(Footprint::private(sim::vae_decoder_held_weights(c, lh, lw, model.kernels))),
-        (VaeConfig::Kl(c), VaeDecode::Tiled(t)) => {
-            dec_w.add(Footprint::private(sim::vae_decoder_held_weights(c, t.tile().min(lh), t.tile().min(lw), model.kernels)))
-        }
-        (VaeConfig::Tiny(_), _) => dec_w,
-    };
     let hidden = model.text.hidden_size;
     // Encoder hidden states per branch and the cross-attention K/V cache.
     let cond = (branches * req.batch * TOKENS * hidden * 4) as u64 * 2
@@ -216,23 +206,32 @@ pub fn estimate(model: &ModelProfile, req: &RequestShape, strategy: &Strategy) -
         Branches::OneAtATime if req.guided => (req.batch, latents),
         _ => (branches * req.batch, 0),
     };
-    let unet_act = sim::unet(&model.unet, unet_batch, lh, lw, s, TOKENS, strategy.attention, model.kernels) + held;
+    let unet_walk = sim::unet(&model.unet, unet_batch, lh, lw, s, TOKENS, strategy.attention, model.kernels);
+    let unet_act = unet_walk.peak + held;
     let image = (req.batch * 3 * req.height * req.width * 4) as u64;
-    let dec_act = match (&model.vae, strategy.vae) {
-        (VaeConfig::Kl(c), VaeDecode::Full) => sim::vae_decoder(c, req.batch, lh, lw, s, model.kernels),
+    let (dec_act, dec_held) = match (&model.vae, strategy.vae) {
+        (VaeConfig::Kl(c), VaeDecode::Full) => {
+            let walk = sim::vae_decoder(c, req.batch, lh, lw, s, model.kernels);
+            (walk.peak, walk.held)
+        }
         (VaeConfig::Kl(c), VaeDecode::Tiled(t)) => {
             let (th, tw) = (t.tile().min(lh), t.tile().min(lw));
             // One tile (of the whole batch) at a time, into an output canvas and its blend weights.
-            sim::vae_decoder(c, req.batch, th, tw, s, model.kernels) + image + (req.height * req.width * 4) as u64
+            let walk = sim::vae_decoder(c, req.batch, th, tw, s, model.kernels);
+            (walk.peak + image + (req.height * req.width * 4) as u64, walk.held)
         }
         // The tiny VAE's activations are a small multiple of the image.
-        (VaeConfig::Tiny(_), _) => 8 * image,
+        (VaeConfig::Tiny(_), _) => (8 * image, 0),
     };
+    // What the layers keep from their first call on with their weights (bf16 Winograd
+    // transforms, sized by the maps they run on, and that kernel's scratch).
+    let unet_w = unet_w.add(Footprint::private(unet_walk.held));
+    let dec_w = dec_w.add(Footprint::private(dec_held));
 
     // The encoder's walk is bounded by the decoder's: at every resolution the SD
     // VAEs' decoder has at least the encoder's channels.
     let enc_act = match &model.vae {
-        VaeConfig::Kl(c) if req.encodes_image => sim::vae_decoder(c, 1, lh, lw, s, model.kernels) + image,
+        VaeConfig::Kl(c) if req.encodes_image => sim::vae_decoder(c, 1, lh, lw, s, model.kernels).peak + image,
         VaeConfig::Tiny(_) if req.encodes_image => 8 * image,
         _ => 0,
     };

@@ -66,14 +66,29 @@ pub struct Sim {
     /// Bytes of packed kernels the walk's convolutions keep beyond what
     /// `estimate::segment_weights` counts (bf16 Winograd transforms).
     held_weights: u64,
+    /// The largest scratch a kernel keeps between calls (bf16 Winograd's chunk buffers).
+    held_scratch: u64,
+}
+
+/// What a walk of one network found: its activations' peak, and the bytes its layers
+/// keep from their first call on beyond what `estimate::segment_weights` counts (bf16
+/// Winograd transforms, which depend on the map sizes, and that kernel's scratch), which
+/// the estimator holds with the segment's weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Walk {
+    pub peak: u64,
+    pub held: u64,
 }
 
 impl Sim {
     fn new(kernels: Kernels) -> Self {
-        Self { live: 0, peak: 0, kernels, held_weights: 0 }
+        Self { live: 0, peak: 0, kernels, held_weights: 0, held_scratch: 0 }
     }
     pub fn peak(&self) -> u64 {
         self.peak
+    }
+    fn walk(&self) -> Walk {
+        Walk { peak: self.peak, held: self.held_weights + self.held_scratch }
     }
     /// Transient bytes of `GroupNorm` over `x` bytes. The plain path centres the
     /// input, which lives to the end of the call, and the normalised map, its
@@ -97,15 +112,17 @@ impl Sim {
     }
     /// The scratch of a 3x3, stride-1 convolution from `c` to `o` channels over `m`.
     ///
-    /// A bf16 Winograd conv also holds its kernel's transform, 16/9 of the direct
-    /// kernel's pair table that `estimate::segment_weights` counts, for as long as its
-    /// segment is loaded: the difference, 14 bytes per (input, output) channel pair,
-    /// goes to `held_weights`, which the estimator adds to the segment's weights.
+    /// A bf16 Winograd conv holds its kernel's transform, 16/9 of the direct kernel's
+    /// pair table that `estimate::segment_weights` counts, for as long as its segment is
+    /// loaded (the difference, 14 bytes per (input, output) channel pair, goes to
+    /// `held_weights`), and its scratch from its first call on (`held_scratch`): no
+    /// transient bytes.
     fn conv3(&mut self, c: u64, o: u64, m: Map) -> u64 {
         let d = crate::kernels::conv3x3::Dims { batch: m.b as usize, in_ch: c as usize, out_ch: o as usize, h: m.h as usize, w: m.w as usize };
         if self.kernels.bf16_winograd && crate::kernels::winograd_bf16::wins(d) {
             self.held_weights += 14 * c * o;
-            return crate::kernels::winograd_bf16::scratch_bytes(d) as u64;
+            self.held_scratch = self.held_scratch.max(crate::kernels::winograd_bf16::scratch_bytes(d) as u64);
+            return 0;
         }
         if let Some(bytes) = self.kernels.winograd.then(|| crate::kernels::winograd::scratch_bytes(d)).flatten() {
             bytes as u64
@@ -268,20 +285,10 @@ fn transformer(sim: &mut Sim, m: Map, c: usize, heads: usize, depth: usize, ctx_
 }
 
 /// Peak activation bytes of one UNet evaluation on a latent of `h x w` with
-/// batch `b` (already doubled for guidance), `s` bytes per element.
+/// batch `b` (already doubled for guidance), `s` bytes per element, and what its layers
+/// keep ([`Walk`]).
 #[allow(clippy::too_many_arguments)]
-pub fn unet(cfg: &UNetConfig, b: usize, h: usize, w: usize, s: usize, ctx_tokens: usize, mode: AttentionMode, kernels: Kernels) -> u64 {
-    unet_walk(cfg, b, h, w, s, ctx_tokens, mode, kernels).peak()
-}
-
-/// Bytes of packed kernels the UNet's layers keep at this latent size beyond what
-/// `estimate::segment_weights` counts (they depend on the map sizes).
-pub fn unet_held_weights(cfg: &UNetConfig, h: usize, w: usize, kernels: Kernels) -> u64 {
-    unet_walk(cfg, 1, h, w, 4, 77, AttentionMode::Full, kernels).held_weights
-}
-
-#[allow(clippy::too_many_arguments)]
-fn unet_walk(cfg: &UNetConfig, b: usize, h: usize, w: usize, s: usize, ctx_tokens: usize, mode: AttentionMode, kernels: Kernels) -> Sim {
+pub fn unet(cfg: &UNetConfig, b: usize, h: usize, w: usize, s: usize, ctx_tokens: usize, mode: AttentionMode, kernels: Kernels) -> Walk {
     let mut sim = Sim::new(kernels);
     let mut m = Map { b: b as u64, h: h as u64, w: w as u64, s: s as u64 };
     let ch = &cfg.block_out_channels;
@@ -355,20 +362,12 @@ fn unet_walk(cfg: &UNetConfig, b: usize, h: usize, w: usize, s: usize, ctx_token
     }
     let conv = sim.conv3(ch[0] as u64, cfg.out_channels as u64, m);
     sim.spike(sim.norm(m.ch(ch[0])).max(sim.norm_act(m.ch(ch[0])) + conv + m.ch(cfg.out_channels)));
-    sim
+    sim.walk()
 }
 
-/// Peak activation bytes of the KL VAE decoder on a latent of `h x w`, batch `b`.
-pub fn vae_decoder(cfg: &AutoencoderKLConfig, b: usize, h: usize, w: usize, s: usize, kernels: Kernels) -> u64 {
-    vae_decoder_walk(cfg, b, h, w, s, kernels).peak()
-}
-
-/// As [`unet_held_weights`] for the KL VAE decoder.
-pub fn vae_decoder_held_weights(cfg: &AutoencoderKLConfig, h: usize, w: usize, kernels: Kernels) -> u64 {
-    vae_decoder_walk(cfg, 1, h, w, 4, kernels).held_weights
-}
-
-fn vae_decoder_walk(cfg: &AutoencoderKLConfig, b: usize, h: usize, w: usize, s: usize, kernels: Kernels) -> Sim {
+/// Peak activation bytes of the KL VAE decoder on a latent of `h x w`, batch `b`, and
+/// what its layers keep ([`Walk`]).
+pub fn vae_decoder(cfg: &AutoencoderKLConfig, b: usize, h: usize, w: usize, s: usize, kernels: Kernels) -> Walk {
     let mut sim = Sim::new(kernels);
     let mut m = Map { b: b as u64, h: h as u64, w: w as u64, s: s as u64 };
     let ch = &cfg.block_out_channels;
@@ -409,7 +408,7 @@ fn vae_decoder_walk(cfg: &AutoencoderKLConfig, b: usize, h: usize, w: usize, s: 
     }
     let conv = sim.conv3(ch[0] as u64, cfg.out_channels as u64, m);
     sim.spike(sim.norm(m.ch(ch[0])).max(sim.norm_act(m.ch(ch[0])) + conv + m.ch(cfg.out_channels)));
-    sim
+    sim.walk()
 }
 
 /// Peak activation bytes of the CLIP text encoder on `b` sequences of `tokens`.
