@@ -31,6 +31,7 @@ fn bf16_unet_matches_diffusers_and_reuses_its_packed_weights() {
     assert!(e > 1e-6 && e <= 3e-2, "bf16 on {kernel} vs diffusers f32: {e:.2e}");
     assert!(rel_err(&f32_out, &want) <= 1e-4, "f32 after bf16 must be unchanged");
     exact_layers_keep_f32_products_under_bf16();
+    a_kept_conv_form_serves_other_map_sizes();
 }
 
 /// The same weights under four names, run in f32 and under bf16 compute: the
@@ -84,4 +85,55 @@ fn exact_layers_keep_f32_products_under_bf16() {
     assert_ne!(outs[1], f32_lin, "an ordinary linear layer is rounded under bf16");
     assert_eq!(outs[2], f32_conv, "conv_out must keep f32 products under bf16");
     assert_ne!(outs[3], f32_conv, "an inner convolution is rounded under bf16");
+}
+
+/// A mapped 3x3 conv keeps one packed bf16 form: the direct kernel's or, on 16x16-32x32
+/// maps of >= 256 channels (without AMX), Winograd's. Asked for the other at a new map
+/// size, it runs the form it kept where that is the direct kernel, and rounds the
+/// kernel per call for the direct kernel where it kept Winograd's: each answer is, to
+/// the bit, one of the two kernels' own.
+fn a_kept_conv_form_serves_other_map_sizes() {
+    use brume::kernels::conv3x3_bf16::conv3x3_bf16;
+    use brume::kernels::winograd_bf16::conv3x3_winograd_bf16;
+    use brume::layers::{Conv2d, Conv2dConfig};
+    use brume::loading::safetensors::{write_safetensors, SafetensorsFile, StoredDType};
+    use brume::loading::WeightStore;
+    use candle_core::{DType, Device, Tensor};
+    if brume::kernels::amx::supported() {
+        eprintln!("AMX: every bf16 3x3 conv runs on the tiles; kept-form switch not run");
+        return;
+    }
+    let dev = Device::Cpu;
+    let mut rng = brume::samplers::Rng::new(8);
+    let c = 256;
+    let kernel = (rng.randn(&[c, c, 3, 3], &dev).unwrap() * (1.0 / (9.0 * c as f64).sqrt())).unwrap();
+    let bytes: Vec<u8> = kernel.flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().flat_map(|v| v.to_le_bytes()).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("w.safetensors");
+    let names = ["down_blocks.1.resnets.0.conv1", "down_blocks.1.resnets.0.conv2"];
+    let tensors: Vec<_> = names.iter().map(|n| (format!("{n}.weight"), StoredDType::F32, vec![c, c, 3, 3], bytes.clone())).collect();
+    write_safetensors(&path, &tensors, &Default::default()).unwrap();
+    let mut store = WeightStore::new(&path);
+    store.add_file(&SafetensorsFile::open(&path).unwrap()).unwrap();
+    let loader = store.loader("unet", &dev, DType::F32);
+    let conv = |name: &str| Conv2d::load(&loader.root().pp(name), c, c, Conv2dConfig::K3, false).unwrap();
+    let (direct_first, winograd_first) = (conv(names[0]), conv(names[1]));
+    let (small, mid) = (rng.randn(&[1, c, 8, 8], &dev).unwrap(), rng.randn(&[1, c, 16, 16], &dev).unwrap());
+    let flat = |t: candle_core::Result<Tensor>| t.unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    set_compute(Compute::Bf16).unwrap();
+    let got = [
+        flat(direct_first.forward(&small)),
+        flat(direct_first.forward(&mid)),
+        flat(winograd_first.forward(&mid)),
+        flat(winograd_first.forward(&small)),
+    ];
+    set_compute(Compute::F32).unwrap();
+    let (direct_small, direct_mid) = (flat(conv3x3_bf16(&small, &kernel)), flat(conv3x3_bf16(&mid, &kernel)));
+    let winograd_mid = flat(conv3x3_winograd_bf16(&mid, &kernel));
+    // `assert!` on the comparisons: a failure would otherwise print 65 536 values.
+    assert!(direct_mid != winograd_mid, "the two kernels must differ for this check to tell them apart");
+    assert!(got[0] == direct_small, "8x8: the direct kernel");
+    assert!(got[1] == direct_mid, "16x16 after 8x8: the kept direct form");
+    assert!(got[2] == winograd_mid, "16x16 first: Winograd");
+    assert!(got[3] == direct_small, "8x8 after 16x16: the direct kernel, rounded per call");
 }

@@ -119,8 +119,8 @@ impl MappedF32 {
     }
 
     /// As [`Self::bf16`], `None` where the weight was packed in another form: a 3x3
-    /// kernel packed for the direct kernel at one map size and asked for its Winograd
-    /// transform at another (a new resolution) runs per call instead of holding both.
+    /// kernel packed for one of the direct and Winograd kernels and asked for the other
+    /// at a new resolution does without it rather than holding both.
     fn bf16_if<T>(&self, pack: impl FnOnce(&[f32]) -> Result<Bf16Weight>, form: fn(&Bf16Weight) -> Option<&T>) -> Result<Option<&T>> {
         if self.bf16.get().is_none() {
             let packed = pack(self.data())?;
@@ -507,10 +507,13 @@ fn conv_bf16_cached(x: &[f32], g: ConvGeom, m: &MappedF32, o: usize, out: &mut [
             let wt = packed_form!(m, AmxConv3x3, |w| PackedConv3x3::new(w, o, c))?;
             conv3x3_packed(x, d, wt, out)?;
         } else if crate::kernels::winograd_bf16::wins(d) {
+            use crate::kernels::conv3x3_bf16::PackedConvPairs;
             use crate::kernels::winograd_bf16::{run_packed, PackedWinogradPairs};
             match packed_form!(m, Winograd, |w| PackedWinogradPairs::new(w, o, c), bf16_if)? {
                 Some(u) => run_packed(x, d, u, out)?,
-                None => crate::kernels::winograd_bf16::run(x, d, m.data(), out)?,
+                // Packed for the direct kernel at another map size: that form serves
+                // (as accurate, and nothing transformed per call).
+                None => crate::kernels::conv3x3_bf16::run_packed(x, d, packed_form!(m, Conv3x3, |w| PackedConvPairs::new(w, o, c))?, out)?,
             }
         } else {
             use crate::kernels::conv3x3_bf16::{run_packed, run_vector, PackedConvPairs};
