@@ -33,7 +33,7 @@ pub struct KernelArgs {
     #[arg(long)]
     torch_script: Option<PathBuf>,
     /// Only the cases whose name contains this (attn_self, attn_cross, gn, gn_silu,
-    /// conv3x3_320, conv3x3_640, conv3x3_1280_32, conv3x3_1920_640, conv3x3_1280_16, conv3x3_1280_8, conv1x1_320, conv3x3_64_256, conv3x3_64_512, linear_320, linear_geglu, linear_77_1024, linear_77_fc1, linear_77_fc2).
+    /// conv3x3_320, conv3x3_640_64, conv3x3_960_320_64, conv3x3_640, conv3x3_1280_32, conv3x3_1920_640, conv3x3_1280_16, conv3x3_1280_8, conv1x1_320, conv3x3_64_256, conv3x3_64_512, linear_320, linear_geglu, linear_77_1024, linear_77_fc1, linear_77_fc2).
     #[arg(long)]
     only: Option<String>,
 }
@@ -172,6 +172,9 @@ fn cases() -> anyhow::Result<Vec<Case>> {
     // guidance; narrower than a 32-pixel block) and the 1x1 projections around attention.
     for (name, b, c, o, hw, k) in [
         ("conv3x3_320", 1, 320, 320, 64, 3),
+        // SD 1.5's 64x64 up path: the last upsampler's 640 channels, a concatenated input.
+        ("conv3x3_640_64", 1, 640, 640, 64, 3),
+        ("conv3x3_960_320_64", 1, 960, 320, 64, 3),
         ("conv3x3_640", 1, 640, 640, 32, 3),
         // Up-block shapes at 32x32: the upsampler's 1280 channels, a concatenated input.
         ("conv3x3_1280_32", 1, 1280, 1280, 32, 3),

@@ -95,11 +95,23 @@ pub(crate) fn scratch_bytes(d: Dims) -> usize {
 /// Smallest side: at 8x8 (16 tiles) each product is too thin (a 1280-channel conv took
 /// 2x the direct kernel's time; at 16x16 0.58x, at 32x32 0.51x).
 const MIN_SIDE: usize = 16;
-/// Largest side. SD 1.5's 64x64 level at 512 px (320 channels; 0.73x the direct
-/// kernel's time in isolation) stays direct for accuracy, not speed: it is the last
-/// level before the output, and with it the UNet's bf16 error against PyTorch f32
-/// went from 8.8e-3 to 1.05e-2, past the 1e-2 the bf16 mode is held to.
+/// Largest side for every conv with [`MIN_CHANNELS`].
 const MAX_SIDE: usize = 32;
+/// Largest side for a conv with at least [`WIDE_MIN_IN`] input channels. At SD 1.5's
+/// 64x64 level (512 px) each conv makes about the same error in isolation (3.8e-3 to
+/// 4.4e-3 of its largest output, `bench kernels`), but the level feeds the output
+/// directly and the UNet's bf16 error against PyTorch f32 is held to 1e-2, so the
+/// transform goes where it saves most per error it adds: `bench speed --components
+/// unet-sd15@512`, error with each choice at 64x64: none 8.78e-3, every conv 1.05e-2,
+/// only the 320 -> 320 ones (down block 0, each up-block-3 resnet's second conv)
+/// 1.03e-2, only those with >= 640 input channels (the last upsampler's 640 -> 640,
+/// the up-block-3 resnets' first convs over 960 or 640 concatenated channels, three
+/// fifths of the level's products) 8.98e-3. Those run in 0.64x and 0.67x the direct
+/// kernel's time (`bench kernels --only _64`: 640 -> 640 0.073 -> 0.047 s, 960 -> 320
+/// 0.054 -> 0.036 s); the 320 -> 320 ones would gain least (0.73x).
+const WIDE_SIDE: usize = 64;
+/// See [`WIDE_SIDE`].
+const WIDE_MIN_IN: usize = 640;
 /// Fewest channels each way: at 64 (TAESD's 256x256 level) the transforms outweigh
 /// the saving (1.33x the direct kernel's time).
 const MIN_CHANNELS: usize = 256;
@@ -112,7 +124,9 @@ pub(crate) fn wins(d: Dims) -> bool {
     if super::amx::supported() || super::winograd::mode() == super::winograd::Mode::Off {
         return false;
     }
-    d.batch > 0 && d.h.min(d.w) >= MIN_SIDE && d.h.max(d.w) <= MAX_SIDE && d.in_ch.min(d.out_ch) >= MIN_CHANNELS
+    let side = d.h.max(d.w);
+    let fits = side <= MAX_SIDE || (side <= WIDE_SIDE && d.in_ch >= WIDE_MIN_IN);
+    d.batch > 0 && d.h.min(d.w) >= MIN_SIDE && fits && d.in_ch.min(d.out_ch) >= MIN_CHANNELS
 }
 
 /// `out` [b, o, h, w] = conv(`x` [b, c, h, w], the kernel `u` was made from), padding 1,
@@ -263,5 +277,22 @@ mod tests {
         assert_eq!(p.rows, 1);
         planned(&x, d, &u, p, &mut rows).unwrap();
         assert_eq!(whole, rows);
+    }
+
+    /// The rule on SD 1.5's shapes at 512 px (where the CPU would take it at all).
+    #[test]
+    fn the_rule_takes_the_measured_shapes() {
+        if super::super::amx::supported() || super::super::winograd::mode() == super::super::winograd::Mode::Off {
+            return;
+        }
+        let d = |c, o, side| Dims { batch: 1, in_ch: c, out_ch: o, h: side, w: side };
+        for yes in [d(1280, 1280, 16), d(640, 640, 32), d(1920, 640, 32), d(640, 640, 64), d(960, 320, 64), d(640, 320, 64)] {
+            assert!(wins(yes), "{yes:?}");
+        }
+        // 8x8 maps are too thin, 320 -> 320 at 64x64 costs the UNet's error budget, 64
+        // channels cost more to transform than they save, and 128x128 maps are not measured.
+        for no in [d(1280, 1280, 8), d(320, 320, 64), d(64, 64, 32), d(640, 640, 128), d(640, 128, 32), Dims { batch: 0, ..d(640, 640, 32) }] {
+            assert!(!wins(no), "{no:?}");
+        }
     }
 }
