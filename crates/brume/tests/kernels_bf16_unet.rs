@@ -32,6 +32,7 @@ fn bf16_unet_matches_diffusers_and_reuses_its_packed_weights() {
     assert!(rel_err(&f32_out, &want) <= 1e-4, "f32 after bf16 must be unchanged");
     exact_layers_keep_f32_products_under_bf16();
     a_kept_conv_form_serves_other_map_sizes();
+    geglu_projection_by_blocks_matches_the_two_ops();
 }
 
 /// The same weights under four names, run in f32 and under bf16 compute: the
@@ -136,4 +137,56 @@ fn a_kept_conv_form_serves_other_map_sizes() {
     assert!(got[1] == direct_mid, "16x16 after 8x8: the kept direct form");
     assert!(got[2] == winograd_mid, "16x16 first: Winograd");
     assert!(got[3] == direct_small, "8x8 after 16x16: the direct kernel, rounded per call");
+}
+
+/// Under bf16 compute a feed-forward's GEGLU projection is made and consumed a block of
+/// rows at a time (`Linear::forward_geglu`): over several blocks and a short last one,
+/// with a bias, its values are those of the projection followed by the GEGLU op, to
+/// the bit; and in f32 (where it runs the two ops) it is the plain formula's.
+fn geglu_projection_by_blocks_matches_the_two_ops() {
+    use brume::layers::Linear;
+    use brume::loading::safetensors::{write_safetensors, SafetensorsFile, StoredDType};
+    use brume::loading::WeightStore;
+    use candle_core::{DType, Device, Tensor};
+    let dev = Device::Cpu;
+    let mut rng = brume::samplers::Rng::new(11);
+    // 2560 outputs: 192 rows per block, so 500 rows are two blocks and a tail.
+    let (k, n, rows) = (64, 2560, 500);
+    let w = (rng.randn(&[n, k], &dev).unwrap() * 0.2).unwrap();
+    let b = rng.randn(&[n], &dev).unwrap();
+    let bytes = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap().iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ff.safetensors");
+    let name = "mid_block.attentions.0.transformer_blocks.0.ff.net.0.proj";
+    let tensors = vec![
+        (format!("{name}.weight"), StoredDType::F32, vec![n, k], bytes(&w)),
+        (format!("{name}.bias"), StoredDType::F32, vec![n], bytes(&b)),
+    ];
+    write_safetensors(&path, &tensors, &Default::default()).unwrap();
+    let mut store = WeightStore::new(&path);
+    store.add_file(&SafetensorsFile::open(&path).unwrap()).unwrap();
+    let loader = store.loader("unet", &dev, DType::F32);
+    let mut ws = loader.root();
+    for part in name.split('.') {
+        ws = ws.pp(part);
+    }
+    let proj = Linear::load(&ws, k, n, true).unwrap();
+    let x = rng.randn(&[2, rows / 2, k], &dev).unwrap();
+    let flat = |t: Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let plain = |h: Tensor| {
+        let (a, g) = (h.narrow(2, 0, n / 2).unwrap(), h.narrow(2, n / 2, n / 2).unwrap());
+        (a * g.gelu_erf().unwrap()).unwrap()
+    };
+    let f32_fused = proj.forward_geglu(&x).unwrap();
+    assert_eq!(f32_fused.dims(), &[2, rows / 2, n / 2]);
+    let e = rel_err(&f32_fused, &plain(proj.forward(&x).unwrap()));
+    assert!(e <= 1e-6, "f32 GEGLU vs the plain formula: {e:.2e}");
+    set_compute(Compute::Bf16).unwrap();
+    let fused = proj.forward_geglu(&x).unwrap();
+    let two_ops = brume::kernels::geglu::geglu(&proj.forward(&x).unwrap()).unwrap();
+    set_compute(Compute::F32).unwrap();
+    assert_eq!(fused.dims(), two_ops.dims());
+    assert_eq!(flat(fused.clone()), flat(two_ops), "GEGLU by blocks must give the two ops' values");
+    let e = rel_err(&fused, &f32_fused);
+    assert!(e > 1e-6 && e <= 1e-2, "bf16 GEGLU projection vs f32: {e:.2e}");
 }

@@ -85,6 +85,26 @@ impl CustomOp1 for Geglu {
     }
 }
 
+/// One row on this CPU's instruction set: `dst[i] = src[i] * gelu(src[n + i])` for
+/// `n = dst.len()`, the same values [`geglu`] gives that row. For callers that hold
+/// the projection's rows in their own buffer ([`crate::layers::Linear::forward_geglu`]).
+pub(crate) fn geglu_row(src: &[f32], dst: &mut [f32]) -> Result<()> {
+    if src.len() != 2 * dst.len() {
+        candle_core::bail!("geglu: a row of {} values has no two halves of {}", src.len(), dst.len());
+    }
+    // SAFETY: `isa()` is what this CPU has; src holds 2 * dst.len() values.
+    unsafe {
+        match isa() {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => row_avx512(src, dst),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => row_avx2(src, dst),
+            _ => row::<Portable>(src, dst),
+        }
+    }
+    Ok(())
+}
+
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,fma")]
 unsafe fn row_avx512(src: &[f32], dst: &mut [f32]) {

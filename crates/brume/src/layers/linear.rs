@@ -70,4 +70,38 @@ impl Linear {
         };
         y.reshape(out)
     }
+
+    /// diffusers' GEGLU over this projection: `a * gelu_erf(gate)` where `a` and `gate`
+    /// are the first and second halves of [`Self::forward`]'s output. Under bf16
+    /// compute with an in-place weight the product is made and consumed a block of rows
+    /// at a time, so its full [.., out] output never exists (same values to the bit);
+    /// elsewhere the two ops run one after the other.
+    pub fn forward_geglu(&self, x: &Tensor) -> Result<Tensor> {
+        if self.out_features % 2 != 0 {
+            candle_core::bail!("GEGLU needs an even projection width, this one has {}", self.out_features);
+        }
+        let inner = self.out_features / 2;
+        let dims = x.dims().to_vec();
+        let mut out = dims.clone();
+        if let Some(last) = out.last_mut() {
+            *last = inner;
+        }
+        if crate::kernels::mode() == crate::kernels::KernelMode::Fast && !self.exact {
+            let held = super::epilogue::Held::new(self.bias.as_ref());
+            if let Ok(bias) = held.f32() {
+                let rows: usize = dims[..dims.len() - 1].iter().product();
+                if let Some(y) = mapped::linear_geglu_param(&x.reshape((rows, self.in_features))?, &self.weight, bias)? {
+                    return y.reshape(out);
+                }
+            }
+        }
+        let h = self.forward(x)?;
+        if crate::kernels::use_fast(&h) {
+            return crate::kernels::geglu::geglu(&h);
+        }
+        let last = h.rank() - 1;
+        let a = h.narrow(last, 0, inner)?;
+        let gate = h.narrow(last, inner, inner)?;
+        a * gate.gelu_erf()?
+    }
 }

@@ -272,7 +272,11 @@ fn transformer(sim: &mut Sim, m: Map, c: usize, heads: usize, depth: usize, ctx_
         sim.spike(3 * t);
         sim.alloc(t); // x + a2
         sim.free(t);
-        // norm3, GEGLU projection (8c), gelu(gate) (4c), product (4c), out.
+        // norm3, GEGLU projection (8c), gelu(gate) (4c), product (4c), out: candle's
+        // plain ops. The fused GEGLU op needs 8c + 4c, and the projection made by
+        // blocks of rows under bf16 compute 4c and a 2 MiB block (`Linear::forward_geglu`),
+        // but an in-place weight is what decides the latter, which this walk does not
+        // know, so it keeps the plain path's bound (at most 0.1 GB high at 512 px).
         sim.spike(t + 8 * t + 4 * t + 4 * t);
         sim.alloc(t); // new tokens
         sim.free(2 * t); // the block's input and the x + a1 intermediate

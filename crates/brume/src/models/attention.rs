@@ -188,7 +188,6 @@ impl Attention {
 struct FeedForward {
     proj: Linear,
     out: Linear,
-    inner: usize,
 }
 
 impl FeedForward {
@@ -197,24 +196,13 @@ impl FeedForward {
         Ok(Self {
             proj: Linear::load(&w.pp("net").pp(0).pp("proj"), dim, inner * 2, true)?,
             out: Linear::load(&w.pp("net").pp(2), inner, dim, true)?,
-            inner,
         })
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         // The projection (8 maps wide) and the GELU are freed before the output
         // projection runs.
-        let p = {
-            let h = self.proj.forward(x)?;
-            if crate::kernels::use_fast(&h) {
-                crate::kernels::geglu::geglu(&h)?
-            } else {
-                let last = h.rank() - 1;
-                let a = h.narrow(last, 0, self.inner)?;
-                let gate = h.narrow(last, self.inner, self.inner)?;
-                (a * gate.gelu_erf()?)?
-            }
-        };
+        let p = self.proj.forward_geglu(x)?;
         self.out.forward(&p)
     }
 }
