@@ -79,7 +79,8 @@ pub fn segment_weights(model: &SdModel, seg: Segment, dtype: DType) -> SegmentWe
     let mut w = SegmentWeights::default();
     // Under `--compute bf16`, each in-place f32 conv and linear weight keeps a bf16
     // copy packed for its kernel (layers::mapped): half its bytes, private. (TAESD's
-    // first and last convs keep f32 products by position, not by name, so they are
+    // first and last convs, and the convs after its first two upsamplings, keep f32
+    // products by position, not by name, so they are
     // counted here though they make no copy: at most a few KiB over, on the safe side.)
     let bf16_copies = crate::kernels::bf16_copies_for(dtype);
     for (name, t) in model.store(component).iter() {

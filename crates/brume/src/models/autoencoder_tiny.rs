@@ -249,6 +249,17 @@ impl TinyDecoder {
     }
 
     /// Builds the module from any loader (a file-backed one, or a recorder).
+    ///
+    /// Under bf16 compute, besides the first and last convs, the convs that read the
+    /// first two upsamplings (TAESD: 64 -> 64 at 128x128 and 256x256 for a 512 px
+    /// image, 6 of the decoder's 141 GFLOP) keep f32 products. Their input is a
+    /// nearest-neighbour 2x map, so its rounding is the same in each 2x2 patch, and
+    /// every later level carries it: `brume bench speed --components taesd-sdxs@512
+    /// --modes bf16` measured the decoder's error against PyTorch f32 at 1.11e-2 with
+    /// them in bf16 (the 1e-2 a mode must meet to count as accurate), 1.02e-2 with the
+    /// first in f32, 8.72e-3 with both, 8.43e-3 adding the one at 512x512 (19 GFLOP,
+    /// so not taken); keeping every block of the first two levels in f32 instead left
+    /// it at 1.11e-2.
     pub fn from_loader(loader: &Loader, cfg: &AutoencoderTinyConfig) -> Result<Self, LoadError> {
         let mut s = Sequential::new(loader.root().pp("decoder").pp("layers"));
         let chans = &cfg.decoder_block_out_channels;
@@ -264,7 +275,7 @@ impl TinyDecoder {
                 s.upsample(cfg.upsampling_scaling_factor);
             }
             let out = if last { cfg.out_channels } else { ch };
-            s.conv(ch, out, 1, last, last)?;
+            s.conv(ch, out, 1, last, last || i + 2 < n)?;
         }
         let layers = s.layers;
         Ok(Self { layers })
@@ -313,5 +324,15 @@ mod tests {
             assert!(f.len() > 2 && f[0] && f[f.len() - 1], "{f:?}");
             assert!(f[1..f.len() - 1].iter().all(|&x| !x), "{f:?}");
         }
+        // TAESD's four levels: the convs after the first two upsamplings stay f32 too.
+        let taesd = AutoencoderTinyConfig {
+            decoder_block_out_channels: vec![8; 4],
+            num_decoder_blocks: vec![3, 3, 3, 1],
+            ..cfg
+        };
+        let f = flags(&TinyDecoder::from_loader(&WeightStore::recorder("decoder", &Device::Cpu, DType::F32), &taesd).unwrap().layers);
+        let (t, b) = (true, [false; 9]);
+        let want: Vec<bool> = [&[t][..], &b, &[t], &b, &[t], &b, &[false], &[false; 3], &[t]].concat();
+        assert_eq!(f, want);
     }
 }
