@@ -68,16 +68,7 @@ impl CustomOp1 for Geglu {
                     let src = &x[r * width..(r + 1) * width];
                     // SAFETY: row r of the [rows, n] output, written by this task only;
                     // the CPU has `isa`'s features (checked in geglu_on).
-                    unsafe {
-                        let d = std::slice::from_raw_parts_mut(dst.get().add(r * n), n);
-                        match isa {
-                            #[cfg(target_arch = "x86_64")]
-                            Isa::Avx512 => row_avx512(src, d),
-                            #[cfg(target_arch = "x86_64")]
-                            Isa::Avx2 => row_avx2(src, d),
-                            _ => row::<Portable>(src, d),
-                        }
-                    }
+                    unsafe { row_on(isa, src, std::slice::from_raw_parts_mut(dst.get().add(r * n), n)) }
                 }
             });
         }
@@ -93,8 +84,17 @@ pub(crate) fn geglu_row(src: &[f32], dst: &mut [f32]) -> Result<()> {
         candle_core::bail!("geglu: a row of {} values has no two halves of {}", src.len(), dst.len());
     }
     // SAFETY: `isa()` is what this CPU has; src holds 2 * dst.len() values.
+    unsafe { row_on(isa(), src, dst) };
+    Ok(())
+}
+
+/// One row with `isa`'s kernel.
+///
+/// SAFETY: the CPU has `isa`'s features; `src` holds 2 * dst.len() values.
+unsafe fn row_on(isa: Isa, src: &[f32], dst: &mut [f32]) {
+    // SAFETY: forwarded from the caller.
     unsafe {
-        match isa() {
+        match isa {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => row_avx512(src, dst),
             #[cfg(target_arch = "x86_64")]
@@ -102,7 +102,6 @@ pub(crate) fn geglu_row(src: &[f32], dst: &mut [f32]) -> Result<()> {
             _ => row::<Portable>(src, dst),
         }
     }
-    Ok(())
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -52,7 +52,7 @@ const ROUND: usize = 192;
 /// Rows per chunk: 48 rows x 192 pairs = 36 KB of A (120 KB at 640), reused from L1/L2
 /// by every strip.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-const MC: usize = 8 * MR;
+pub(crate) const MC: usize = 8 * MR;
 
 thread_local! {
     static PANEL: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };

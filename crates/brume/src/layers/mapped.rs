@@ -286,19 +286,31 @@ struct LinearOp<'a> {
     bias: Option<&'a [f32]>,
 }
 
+/// Checks a linear layer's bias against its `n` outputs.
+fn check_bias(bias: Option<&[f32]>, n: usize) -> Result<()> {
+    match bias {
+        Some(b) if b.len() != n => candle_core::bail!("mapped linear: bias of {} for {n} outputs", b.len()),
+        _ => Ok(()),
+    }
+}
+
+/// `row += bias`, in the separate op's order, so every path that adds it in place
+/// gives the same values.
+fn add_bias(row: &mut [f32], bias: &[f32]) {
+    for (v, b) in row.iter_mut().zip(bias) {
+        *v += b;
+    }
+}
+
 impl LinearOp<'_> {
     fn finish(&self, mut dst: Vec<f32>, rows: usize, n: usize) -> Result<(CpuStorage, Shape)> {
+        check_bias(self.bias, n)?;
         if let Some(b) = self.bias {
-            if b.len() != n {
-                candle_core::bail!("mapped linear: bias of {} for {n} outputs", b.len());
-            }
             use rayon::prelude::*;
             let per = (1 << 14) / n.max(1) + 1;
             dst.par_chunks_mut(n * per).for_each(|chunk| {
                 for row in chunk.chunks_exact_mut(n) {
-                    for (v, b) in row.iter_mut().zip(b) {
-                        *v += b;
-                    }
+                    add_bias(row, b);
                 }
             });
         }
@@ -416,18 +428,15 @@ impl CustomOp1 for LinearGegluOp<'_> {
         if k != wk || n % 2 != 0 {
             candle_core::bail!("mapped linear geglu: input width {k}, weight {:?} (needs an even output width)", self.w.shape);
         }
-        if let Some(b) = self.bias {
-            if b.len() != n {
-                candle_core::bail!("mapped linear geglu: bias of {} for {n} outputs", b.len());
-            }
-        }
+        check_bias(self.bias, n)?;
         let inner = n / 2;
         let mut out = vec![0f32; rows * inner];
         if rows == 0 || inner == 0 {
             return Ok((CpuStorage::F32(out), Shape::from((rows, inner))));
         }
-        // Whole row chunks of the GEMM (48), and at least GEGLU_MIN_ROWS of them.
-        let per = (GEGLU_BLOCK_BYTES / (4 * n)).max(GEGLU_MIN_ROWS) / 48 * 48;
+        // Whole row chunks of the GEMM, and at least GEGLU_MIN_ROWS rows.
+        let mc = crate::kernels::matmul_bf16::MC;
+        let per = (GEGLU_BLOCK_BYTES / (4 * n)).max(GEGLU_MIN_ROWS) / mc * mc;
         let mut block = vec![0f32; per.min(rows) * n];
         let mut r0 = 0;
         while r0 < rows {
@@ -436,9 +445,7 @@ impl CustomOp1 for LinearGegluOp<'_> {
             linear_bf16_cached(&x[r0 * k..(r0 + rc) * k], rc, k, self.w, h)?;
             h.par_chunks_mut(n).zip(dst.par_chunks_mut(inner)).try_for_each(|(row, d)| {
                 if let Some(b) = self.bias {
-                    for (v, b) in row.iter_mut().zip(b) {
-                        *v += b;
-                    }
+                    add_bias(row, b);
                 }
                 crate::kernels::geglu::geglu_row(row, d)
             })?;
