@@ -152,6 +152,13 @@ fn eval_adherence_prints_the_table_and_writes_a_contact_sheet() {
     for k in ["background_colour", "shape", "colour", "all attributes", "images/s"] {
         assert!(text.contains(k), "{k} missing in {text}");
     }
+    // Every held-out caption states each object's size, so the shape rows by size
+    // split the shape row's objects between them.
+    let n_of = |name: &str| -> usize {
+        let row = text.lines().find(|l| l.split_whitespace().next() == Some(name)).unwrap_or_else(|| panic!("no {name} row in {text}"));
+        row.split_whitespace().last().unwrap().parse().unwrap()
+    };
+    assert_eq!(n_of("shape_small") + n_of("shape_large"), n_of("shape"), "{text}");
     let img = image::open(&sheet).unwrap();
     let t = builtin_size() + 2;
     assert_eq!((img.width(), img.height()), (3 * t, 2 * t));

@@ -258,6 +258,18 @@ pub fn judge_held_out(
             e.0 += ok as usize;
             e.1 += 1;
         }
+        // The shape once more by the size the caption asks for: small objects span three
+        // or four latent cells of a 128 px image, and that is where shapes are lost.
+        for (o, v) in spec.objects.iter().zip(&verdict.objects) {
+            let name = match o.size {
+                Some(brume_world::scene::Size::Small) => "shape_small",
+                Some(brume_world::scene::Size::Large) => "shape_large",
+                None => continue,
+            };
+            let e = tally.entry(name).or_default();
+            e.0 += v.shape as usize;
+            e.1 += 1;
+        }
         all_correct += verdict.all_correct() as usize;
         tiles.push(img);
         eprint!("\r{}/{}", i + 1, prompts.len());
