@@ -142,7 +142,7 @@ def main():
         with torch.no_grad():
             dist = vae.encode(x).latent_dist
             z = dist.mean + dist.std * torch.randn(dist.mean.shape, generator=g)
-        with tb.autocast(argparse.Namespace(bf16=a.bf16)):
+        with tb.autocast(argparse.Namespace(bf16=a.bf16, device="cpu")):
             y = vae.decode(z).sample.float()
         l1 = (y - x).abs().mean()
         l2 = (y - x).pow(2).mean()
