@@ -108,7 +108,9 @@ const MAX_SIDE: usize = 32;
 /// the up-block-3 resnets' first convs over 960 or 640 concatenated channels, three
 /// fifths of the level's products) 8.98e-3. Those run in 0.64x and 0.67x the direct
 /// kernel's time (`bench kernels --only _64`: 640 -> 640 0.073 -> 0.047 s, 960 -> 320
-/// 0.054 -> 0.036 s); the 320 -> 320 ones would gain least (0.73x).
+/// 0.054 -> 0.036 s); the 320 -> 320 ones would gain least (0.73x). The SD VAE
+/// decoder's 512-channel convs at 64x64 stay out too: with them its bf16 error at
+/// 512 px went from 9.25e-3 to 1.16e-2 (`bench speed --components vae-sd15@512`).
 const WIDE_SIDE: usize = 64;
 /// See [`WIDE_SIDE`].
 const WIDE_MIN_IN: usize = 640;
