@@ -253,22 +253,22 @@ pub fn judge_held_out(
         let out = txt2img(model, &req, opts, noise.as_mut(), None, &mut |_| Flow::Continue)?;
         let img = to_rgb8(&out.image)?;
         let verdict = brume_world::judge::judge(&img, &spec);
-        for (name, ok) in verdict.attributes() {
+        let mut count = |name: &'static str, ok: bool| {
             let e = tally.entry(name).or_default();
             e.0 += ok as usize;
             e.1 += 1;
+        };
+        for (name, ok) in verdict.attributes() {
+            count(name, ok);
         }
         // The shape once more by the size the caption asks for: small objects span three
         // or four latent cells of a 128 px image, and that is where shapes are lost.
         for (o, v) in spec.objects.iter().zip(&verdict.objects) {
-            let name = match o.size {
-                Some(brume_world::scene::Size::Small) => "shape_small",
-                Some(brume_world::scene::Size::Large) => "shape_large",
-                None => continue,
-            };
-            let e = tally.entry(name).or_default();
-            e.0 += v.shape as usize;
-            e.1 += 1;
+            match o.size {
+                Some(brume_world::scene::Size::Small) => count("shape_small", v.shape),
+                Some(brume_world::scene::Size::Large) => count("shape_large", v.shape),
+                None => {}
+            }
         }
         all_correct += verdict.all_correct() as usize;
         tiles.push(img);
