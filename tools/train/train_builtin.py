@@ -969,8 +969,9 @@ def unet_rank(rank, ranks, a, store, state, shared):
     dist.destroy_process_group()
 
 
-def start_ranks(a, work, unet, shared):
-    """Starts ranks 1.. of `--ranks` (spawned processes, one thread each) and joins them as rank 0.
+def start_ranks(a, work, unet, shared, fn=None, ranks=None):
+    """Starts ranks 1.. of `--ranks` (spawned processes, one thread each, running `fn`, by default the UNet
+    stage's `unet_rank`; `ranks` overrides the count) and joins them as rank 0.
 
     Why: on these 2 cores one process with 2 threads leaves a third of the machine idle in a UNet this small
     (threads wait at every op's end); two 1-thread processes with a gradient all-reduce per step trained
@@ -985,15 +986,32 @@ def start_ranks(a, work, unet, shared):
         if torch.is_tensor(v):
             v.share_memory_()
     ctx = tmp.get_context("spawn")
-    state = {k: v.detach().clone() for k, v in unet.state_dict().items()}
-    procs = [ctx.Process(target=unet_rank, args=(r, a.ranks, a, str(store), state, shared), daemon=True)
-             for r in range(1, a.ranks)]
+    fn, ranks = fn or unet_rank, ranks or a.ranks
+    if isinstance(unet, dict):  # several models' states (the LCM stage's)
+        state = {name: {k: v.detach().clone() for k, v in m.state_dict().items()} for name, m in unet.items()}
+    else:
+        state = {k: v.detach().clone() for k, v in unet.state_dict().items()}
+    procs = [ctx.Process(target=fn, args=(r, ranks, a, str(store), state, shared), daemon=True)
+             for r in range(1, ranks)]
     for pr in procs:
         pr.start()
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=a.ranks,
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=ranks,
                             timeout=datetime.timedelta(seconds=RANK_TIMEOUT_S))
-    log(f"unet: {a.ranks} data-parallel ranks of 1 thread, {a.unet_batch // a.ranks} samples each per step")
+    log(f"{fn.__name__.split('_')[0]}: {ranks} data-parallel ranks of 1 thread")
     return procs, store
+
+
+def run_collective(collective, step, procs, store, a, ranks, what):
+    """Runs one collective with the helper ranks; the rank count to go on with (`ranks`, or 1 once they are lost:
+    a lost helper must not lose the run)."""
+    try:
+        collective()
+        return ranks
+    except Exception as e:  # noqa: BLE001 - any failure of the process group
+        log(f"{what}: data-parallel ranks failed at step {step} ({type(e).__name__}: {e}); continuing alone")
+        stop_ranks(procs, store, ok=False)
+        torch.set_num_threads(a.threads)
+        return 1
 
 
 def stop_ranks(procs, store, ok):
@@ -1050,16 +1068,7 @@ def stage_unet(a, budget, D, lat_mean, lat_std, sf, work, te):
     deadline = budget.deadline("unet") - a.unet_reserve
 
     def with_ranks(collective, step):
-        """Runs one collective with the helper ranks; the rank count to go on with (1 once they are lost: a lost
-        helper must not lose the run)."""
-        try:
-            collective()
-            return a.ranks
-        except Exception as e:  # noqa: BLE001 - any failure of the process group
-            log(f"unet: data-parallel ranks failed at step {step} ({type(e).__name__}: {e}); continuing alone")
-            stop_ranks(procs, store, ok=False)
-            torch.set_num_threads(a.threads)
-            return 1
+        return run_collective(collective, step, procs, store, a, a.ranks, "unet")
 
     start = last = time.time()
     step, hist, pending = 0, [], []
@@ -1135,32 +1144,173 @@ def boundary_scalings(t, sigma_data=0.5, timestep_scaling=10.0):
     return c_skip.view(-1, 1, 1, 1), c_out.view(-1, 1, 1, 1)
 
 
+class LcmSolver:
+    """What every LCM distillation step shares: the teacher's schedule, the DDIM solver's skip of k = 1000 /
+    `--lcm-ddim-steps` timesteps (origin steps 19, 39, ..., 999 as LCMScheduler's) and the empty caption's
+    hidden states for the teacher's unconditional branch."""
+
+    def __init__(self, a, uncond):
+        self.ac = alphas_cumprod()
+        self.k = 1000 // a.lcm_ddim_steps
+        self.ddim_t = torch.arange(1, a.lcm_ddim_steps + 1) * self.k - 1
+        self.ac_prev = torch.cat([self.ac[:1], self.ac[self.ddim_t[:-1]]])
+        self.uncond = uncond
+
+    def x0_from_eps(self, eps, t, x):
+        ab = self.ac[t].view(-1, 1, 1, 1)
+        return (x - (1 - ab).sqrt() * eps) / ab.sqrt()
+
+
+def lcm_loss(a, S, g, bs, lat_mean, lat_std, sf, condition, student, teacher, target):
+    """The pseudo-Huber consistency loss of one batch of `bs` (diffusers' train_lcm_distill_sd_wds.py): the
+    student's boundary-scaled x0 at t against the EMA target's at the teacher's guided DDIM step t -> t - k.
+    `condition(idx)` gives the sampled captions' hidden states."""
+    idx = torch.randint(0, len(lat_mean), (bs,), generator=g)
+    z = (lat_mean[idx] + lat_std[idx] * torch.randn(bs, *lat_mean.shape[1:], generator=g)) * sf
+    h = condition(idx)
+    noise = training_noise(z.shape, g, a.offset_noise)
+    index = torch.randint(0, a.lcm_ddim_steps, (bs,), generator=g)
+    t_start = S.ddim_t[index]
+    t_prev = (t_start - S.k).clamp_min(0)
+    cs_s, co_s = boundary_scalings(t_start)
+    cs_p, co_p = boundary_scalings(t_prev)
+    ab = S.ac[t_start].view(-1, 1, 1, 1)
+    zt = ab.sqrt() * z + (1 - ab).sqrt() * noise
+    w = (a.lcm_w_max - a.lcm_w_min) * torch.rand(bs, generator=g) + a.lcm_w_min
+    w_emb = guidance_scale_embedding(w, a.lcm_cond_dim)
+    w4 = w.view(-1, 1, 1, 1)
+
+    eps_s = student(zt, t_start, h, timestep_cond=w_emb).sample
+    model_pred = cs_s * zt + co_s * S.x0_from_eps(eps_s, t_start, zt)
+    with torch.no_grad():
+        both = teacher(torch.cat([zt, zt]), torch.cat([t_start, t_start]),
+                       torch.cat([h, S.uncond.expand(bs, -1, -1)])).sample
+        eps_c, eps_u = both.chunk(2)
+        x0_c, x0_u = S.x0_from_eps(eps_c, t_start, zt), S.x0_from_eps(eps_u, t_start, zt)
+        x0 = x0_c + w4 * (x0_c - x0_u)
+        eps = eps_c + w4 * (eps_c - eps_u)
+        abp = S.ac_prev[index].view(-1, 1, 1, 1)
+        x_prev = abp.sqrt() * x0 + (1 - abp).sqrt() * eps  # DDIM solver step t_start -> t_prev
+        eps_t = target(x_prev, t_prev, h, timestep_cond=w_emb).sample
+        tgt = cs_p * x_prev + co_p * S.x0_from_eps(eps_t, t_prev, x_prev)
+    return (torch.sqrt((model_pred - tgt).pow(2) + a.huber_c**2) - a.huber_c).mean()
+
+
+def lcm_models(a, teacher_state, student_state=None):
+    """(student, teacher, EMA target, optimiser) of LCM distillation. Without `student_state` the student is
+    the teacher plus a zeroed guidance projection, so it starts as the teacher."""
+    teacher = use_attention(make_unet(a, a.text_hidden), a)
+    teacher.load_state_dict(teacher_state)
+    teacher.eval().requires_grad_(False)
+    student = use_attention(make_unet(a, a.text_hidden, time_cond_proj_dim=a.lcm_cond_dim), a)
+    if student_state is None:
+        missing, unexpected = student.load_state_dict(teacher_state, strict=False)
+        assert not unexpected and all("cond_proj" in k for k in missing), (missing, unexpected)
+        with torch.no_grad():
+            student.time_embedding.cond_proj.weight.zero_()
+    else:
+        student.load_state_dict(student_state)
+    student.train()
+    target = copy.deepcopy(student).eval().requires_grad_(False)
+    opt = torch.optim.AdamW(student.parameters(), lr=a.lcm_lr, betas=(0.9, 0.999), weight_decay=0.0, fused=True)
+    return student, teacher, target, opt
+
+
+def lcm_update(a, student, target, opt, loss, reduce=None):
+    """Backward, `reduce` (the gradient all-reduce of data-parallel ranks), clipping, the optimiser step and the
+    EMA target's update; the gradient norm. Every rank runs it, so the replicas (student, target) stay identical."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if reduce is not None:
+        reduce()
+    gn = torch.nn.utils.clip_grad_norm_(student.parameters(), 1.0)
+    opt.step()
+    with torch.no_grad():
+        torch._foreach_lerp_(list(target.parameters()), [p.detach() for p in student.parameters()], 1 - a.lcm_ema)
+    return gn
+
+
+def lcm_rank(rank, ranks, a, store, state, shared):
+    """A data-parallel helper rank of the LCM stage (`--lcm-ranks`), as unet_rank is of the UNet stage: a
+    replica of student, teacher and target on one thread that distils its share of each batch."""
+    import datetime
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=ranks,
+                            timeout=datetime.timedelta(seconds=RANK_TIMEOUT_S))
+    torch.manual_seed(a.seed + 2)
+    student, teacher, target, opt = lcm_models(a, state["teacher"], state["student"])
+    S = LcmSolver(a, shared["uncond"])
+    hidden = shared["hidden"]
+    g = torch.Generator().manual_seed(a.seed + 2 + 7919 * rank)
+    ctl = torch.zeros(2, dtype=torch.float64)
+    while True:
+        dist.broadcast(ctl, 0)
+        if ctl[0] == 0:
+            break
+        for pg in opt.param_groups:
+            pg["lr"] = float(ctl[1])
+        loss = lcm_loss(a, S, g, a.lcm_batch // ranks, shared["lat_mean"], shared["lat_std"], shared["sf"],
+                        lambda idx: hidden[idx], student, teacher, target)
+        lcm_update(a, student, target, opt, loss, lambda: average_grads(list(student.parameters()), ranks))
+    dist.destroy_process_group()
+
+
+def unet_from(a, budget):
+    """`--unet-from RUN`: the text encoder and (EMA) UNet an earlier run's UNet stage saved (RUN/work/unet_stage.pt,
+    fp32) instead of the text and unet stages, for experiments on LCM distillation alone. The run's data, VAE
+    (`--vae-from RUN/model/vae` or the same VAE arguments) and model arguments must be the ones it was trained with:
+    the latents it learnt are encoded again here."""
+    from transformers import CLIPTextModel
+
+    budget.begin("unet")
+    path = Path(a.unet_from) / "work" / "unet_stage.pt"
+    if not path.is_file():
+        sys.exit(f"--unet-from: {path} not found (a run directory whose UNet stage finished)")
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    te = CLIPTextModel(text_config(a.text_hidden, a.text_layers, a.text_heads))
+    te.load_state_dict(state["te"])
+    unet = make_unet(a, a.text_hidden)
+    unet.load_state_dict(state["unet"])
+    te.eval().requires_grad_(False)
+    unet.eval().requires_grad_(False)
+    log(f"unet: loaded the text encoder and UNet of {path}")
+    budget.end("unet")
+    return te, unet, dict(loaded_from=str(path))
+
+
 def stage_lcm(a, budget, D, te, teacher, lat_mean, lat_std, sf, work):
     budget.begin("lcm")
     torch.manual_seed(a.seed + 2)
     g = torch.Generator().manual_seed(a.seed + 2)
-    student = use_attention(make_unet(a, a.text_hidden, time_cond_proj_dim=a.lcm_cond_dim), a)
-    use_attention(teacher, a)
-    missing, unexpected = student.load_state_dict(teacher.state_dict(), strict=False)
-    assert not unexpected and all("cond_proj" in k for k in missing), (missing, unexpected)
-    with torch.no_grad():
-        student.time_embedding.cond_proj.weight.zero_()  # starts as the teacher
-    student.train()
-    target = copy.deepcopy(student).eval().requires_grad_(False)
-    opt = torch.optim.AdamW(student.parameters(), lr=a.lcm_lr, betas=(0.9, 0.999), weight_decay=0.0, fused=True)
-
-    ac = alphas_cumprod()
-    k = 1000 // a.lcm_ddim_steps
-    ddim_t = torch.arange(1, a.lcm_ddim_steps + 1) * k - 1  # 19, 39, ..., 999 (as LCMScheduler's origin steps)
-    ac_prev = torch.cat([ac[:1], ac[ddim_t[:-1]]])
+    student, teacher, target, opt = lcm_models(a, teacher.state_dict())
     tokens, empty = D["tokens"], D["empty"]
     with torch.no_grad():
         uncond = te(empty[None]).last_hidden_state
-    n, bs = len(tokens), a.lcm_batch
+    S = LcmSolver(a, uncond)
+    bs, ranks = a.lcm_batch, a.lcm_ranks
+    if ranks > 1:
+        # The helpers share the captions' hidden states (computed once) instead of each running the encoder.
+        with torch.no_grad():
+            hidden = torch.cat([te(tokens[i:i + 512]).last_hidden_state for i in range(0, len(tokens), 512)])
 
-    def x0_from_eps(eps, t, x):
-        ab = ac[t].view(-1, 1, 1, 1)
-        return (x - (1 - ab).sqrt() * eps) / ab.sqrt()
+        def condition(idx):
+            return hidden[idx]
+
+        shared = dict(lat_mean=lat_mean, lat_std=lat_std, sf=sf, hidden=hidden, uncond=uncond)
+        procs, store = start_ranks(a, work, dict(student=student, teacher=teacher), shared, fn=lcm_rank, ranks=ranks)
+        torch.set_num_threads(1)
+    else:
+        def condition(idx):
+            with torch.no_grad():
+                return te(tokens[idx]).last_hidden_state
+
+    def reduce():
+        """The all-reduce of rank 0; on failure the step keeps its own gradient and the stage goes on alone."""
+        nonlocal ranks
+        params = list(student.parameters())
+        ranks = run_collective(lambda: average_grads(params, ranks), step, procs, store, a, ranks, "lcm")
 
     deadline = budget.deadline("lcm") - a.lcm_reserve
     start = last = time.time()
@@ -1170,42 +1320,13 @@ def stage_lcm(a, budget, D, te, teacher, lat_mean, lat_std, sf, work):
         lr = cosine_lr(a.lcm_lr, step, 50, frac, floor=0.2)
         for pg in opt.param_groups:
             pg["lr"] = lr
-        idx = torch.randint(0, n, (bs,), generator=g)
-        z = (lat_mean[idx] + lat_std[idx] * torch.randn(bs, *lat_mean.shape[1:], generator=g)) * sf
-        with torch.no_grad():
-            h = te(tokens[idx]).last_hidden_state
-        noise = training_noise(z.shape, g, a.offset_noise)
-        index = torch.randint(0, a.lcm_ddim_steps, (bs,), generator=g)
-        t_start = ddim_t[index]
-        t_prev = (t_start - k).clamp_min(0)
-        cs_s, co_s = boundary_scalings(t_start)
-        cs_p, co_p = boundary_scalings(t_prev)
-        ab = ac[t_start].view(-1, 1, 1, 1)
-        zt = ab.sqrt() * z + (1 - ab).sqrt() * noise
-        w = (a.lcm_w_max - a.lcm_w_min) * torch.rand(bs, generator=g) + a.lcm_w_min
-        w_emb = guidance_scale_embedding(w, a.lcm_cond_dim)
-        w4 = w.view(-1, 1, 1, 1)
+        if ranks > 1:
+            import torch.distributed as dist
 
-        eps_s = student(zt, t_start, h, timestep_cond=w_emb).sample
-        model_pred = cs_s * zt + co_s * x0_from_eps(eps_s, t_start, zt)
-        with torch.no_grad():
-            both = teacher(torch.cat([zt, zt]), torch.cat([t_start, t_start]),
-                           torch.cat([h, uncond.expand(bs, -1, -1)])).sample
-            eps_c, eps_u = both.chunk(2)
-            x0_c, x0_u = x0_from_eps(eps_c, t_start, zt), x0_from_eps(eps_u, t_start, zt)
-            x0 = x0_c + w4 * (x0_c - x0_u)
-            eps = eps_c + w4 * (eps_c - eps_u)
-            abp = ac_prev[index].view(-1, 1, 1, 1)
-            x_prev = abp.sqrt() * x0 + (1 - abp).sqrt() * eps  # DDIM solver step t_start -> t_prev
-            eps_t = target(x_prev, t_prev, h, timestep_cond=w_emb).sample
-            tgt = cs_p * x_prev + co_p * x0_from_eps(eps_t, t_prev, x_prev)
-        loss = (torch.sqrt((model_pred - tgt).pow(2) + a.huber_c**2) - a.huber_c).mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        gn = torch.nn.utils.clip_grad_norm_(student.parameters(), 1.0)
-        opt.step()
-        with torch.no_grad():
-            torch._foreach_lerp_(list(target.parameters()), [p.detach() for p in student.parameters()], 1 - a.lcm_ema)
+            ranks = run_collective(lambda: dist.broadcast(torch.tensor([1.0, lr], dtype=torch.float64), 0), step,
+                                   procs, store, a, ranks, "lcm")
+        loss = lcm_loss(a, S, g, bs // ranks, lat_mean, lat_std, sf, condition, student, teacher, target)
+        gn = lcm_update(a, student, target, opt, loss, reduce if ranks > 1 else None)
         step += 1
         hist.append([loss.item(), gn.item()])
         if time.time() - last > a.log_every:
@@ -1213,10 +1334,13 @@ def stage_lcm(a, budget, D, te, teacher, lat_mean, lat_std, sf, work):
             m = np.mean(hist[-100:], 0)
             log(f"lcm step {step} ({step * bs / (time.time() - start):.1f} samples/s, lr {lr:.2e}) "
                 f"huber {m[0]:.5f} gradnorm {m[1]:.3f}")
+    if ranks > 1:
+        stop_ranks(procs, store, ok=True)
+        torch.set_num_threads(a.threads)
     log(f"lcm: {step} steps x {bs} = {step * bs} samples in {time.time() - start:.0f}s")
     student.eval().requires_grad_(False)
     torch.save(dict(student=student.state_dict(), target=target.state_dict()), work / "lcm_stage.pt")
-    info = dict(steps=step, batch=bs, samples=step * bs,
+    info = dict(steps=step, batch=bs, samples=step * bs, ranks=a.lcm_ranks,
                 final_loss=dict(zip(["huber", "gradnorm"], np.mean(hist[-100:], 0).round(6).tolist())) if hist else None)
     budget.end("lcm")
     return student, target, info
@@ -1303,6 +1427,8 @@ def parse_args():
     p.add_argument("--device", default="cpu",
                    help="torch device for the training stages (cuda: a GPU; up to --stop-after unet, one rank)")
     p.add_argument("--vae-from", default=None, help="a trained diffusers AutoencoderKL folder instead of the vae stage")
+    p.add_argument("--unet-from", default=None,
+                   help="an earlier run directory whose text encoder and UNet replace the text and unet stages (LCM experiments)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--bf16", action="store_true",
                    help="bf16 autocast for the VAE and UNet training passes (LCM distillation stays fp32: its Huber c is 1e-3)")
@@ -1381,6 +1507,8 @@ def parse_args():
     p.add_argument("--lcm-cond-dim", type=int, default=32)
     p.add_argument("--lcm-lr", type=float, default=2e-4)
     p.add_argument("--lcm-batch", type=int, default=32)
+    p.add_argument("--lcm-ranks", type=int, default=1,
+                   help="data-parallel processes of one thread for LCM distillation (as --ranks for the UNet)")
     p.add_argument("--lcm-steps", type=int, default=0)
     p.add_argument("--lcm-ddim-steps", type=int, default=50)
     p.add_argument("--lcm-w-min", type=float, default=2.0, help="w = guidance_scale - 1")
@@ -1397,6 +1525,8 @@ def parse_args():
         p.error("--ranks > 1 shares the frozen text encoder's cached outputs: it needs --text-lr-mult 0")
     if a.unet_batch % a.ranks:
         p.error(f"--unet-batch {a.unet_batch} does not split evenly over --ranks {a.ranks}")
+    if a.lcm_ranks < 1 or a.lcm_batch % a.lcm_ranks:
+        p.error(f"--lcm-batch {a.lcm_batch} does not split evenly over --lcm-ranks {a.lcm_ranks}")
     return a
 
 
@@ -1432,6 +1562,10 @@ def main():
         return
     lat_mean, lat_std, sf = stage_encode(a, budget, D, vae, work)
     info["scaling_factor"] = sf
+    if a.unet_from:
+        te, unet, info["unet"] = unet_from(a, budget)
+        student, target, info["lcm"] = stage_lcm(a, budget, D, te, unet, lat_mean, lat_std, sf, work)
+        return finish(a, budget, D, out, work, info, te, unet, vae, student, target)
     te, info["text"] = stage_text(a, budget, D)
     te, unet, info["unet"] = stage_unet(a, budget, D, lat_mean, lat_std, sf, work, te)
 
@@ -1450,6 +1584,11 @@ def main():
         return
 
     student, target, info["lcm"] = stage_lcm(a, budget, D, te, unet, lat_mean, lat_std, sf, work)
+    finish(a, budget, D, out, work, info, te, unet, vae, student, target)
+
+
+def finish(a, budget, D, out, work, info, te, unet, vae, student, target):
+    """Evaluates the LCM student and target, keeps the better, and writes, verifies and publishes the model."""
     evals = {}
     for name, m in (("student", student), ("target", target)):
         lp = make_pipe(te, D["tokenizer"], m, vae, lcm_scheduler())
