@@ -935,12 +935,7 @@ def unet_rank(rank, ranks, a, store, state, shared):
     """A data-parallel helper rank of the UNet stage (`--ranks`): a replica of the UNet on one thread that computes
     the gradient of its share of each batch and averages it with rank 0's. Rank 0 decides when to stop and the
     learning rate, and sends both before every step."""
-    import datetime
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=ranks,
-                            timeout=datetime.timedelta(seconds=RANK_TIMEOUT_S))
+    join_ranks(rank, ranks, store)
     torch.manual_seed(a.seed + 1)
     unet = use_attention(make_unet(a, a.text_hidden), a)
     unet.load_state_dict(state)
@@ -950,13 +945,8 @@ def unet_rank(rank, ranks, a, store, state, shared):
     opt = torch.optim.AdamW(params, lr=a.unet_lr, betas=(0.9, 0.999), weight_decay=0.01, fused=True)
     ac = alphas_cumprod()
     g = torch.Generator().manual_seed(a.seed + 1 + 7919 * rank)
-    ctl = torch.zeros(2, dtype=torch.float64)
-    while True:
-        dist.broadcast(ctl, 0)
-        if ctl[0] == 0:
-            break
-        for pg in opt.param_groups:
-            pg["lr"] = float(ctl[1])
+
+    def step():
         zt, t, noise, abar, h, cells = unet_batch(a, ac, g, a.unet_batch // ranks, shared["lat_mean"],
                                                   shared["lat_std"], shared["sf"], shared["hidden"],
                                                   shared["hidden_empty"], None, None, shared["weights"])
@@ -966,6 +956,33 @@ def unet_rank(rank, ranks, a, store, state, shared):
         average_grads(params, ranks)
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
+
+    follow_rank0(opt, step)
+
+
+def join_ranks(rank, ranks, store):
+    """A helper rank's one thread and its place in the process group of `start_ranks`."""
+    import datetime
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=ranks,
+                            timeout=datetime.timedelta(seconds=RANK_TIMEOUT_S))
+
+
+def follow_rank0(opt, step):
+    """A helper rank's loop: before every step rank 0 broadcasts (1, learning rate); (0, _) ends the stage
+    (`stop_ranks`)."""
+    import torch.distributed as dist
+
+    ctl = torch.zeros(2, dtype=torch.float64)
+    while True:
+        dist.broadcast(ctl, 0)
+        if ctl[0] == 0:
+            break
+        for pg in opt.param_groups:
+            pg["lr"] = float(ctl[1])
+        step()
     dist.destroy_process_group()
 
 
@@ -1233,28 +1250,20 @@ def lcm_update(a, student, target, opt, loss, reduce=None):
 def lcm_rank(rank, ranks, a, store, state, shared):
     """A data-parallel helper rank of the LCM stage (`--lcm-ranks`), as unet_rank is of the UNet stage: a
     replica of student, teacher and target on one thread that distils its share of each batch."""
-    import datetime
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=ranks,
-                            timeout=datetime.timedelta(seconds=RANK_TIMEOUT_S))
+    join_ranks(rank, ranks, store)
     torch.manual_seed(a.seed + 2)
     student, teacher, target, opt = lcm_models(a, state["teacher"], state["student"])
     S = LcmSolver(a, shared["uncond"])
     hidden = shared["hidden"]
+    params = list(student.parameters())
     g = torch.Generator().manual_seed(a.seed + 2 + 7919 * rank)
-    ctl = torch.zeros(2, dtype=torch.float64)
-    while True:
-        dist.broadcast(ctl, 0)
-        if ctl[0] == 0:
-            break
-        for pg in opt.param_groups:
-            pg["lr"] = float(ctl[1])
+
+    def step():
         loss = lcm_loss(a, S, g, a.lcm_batch // ranks, shared["lat_mean"], shared["lat_std"], shared["sf"],
                         lambda idx: hidden[idx], student, teacher, target)
-        lcm_update(a, student, target, opt, loss, lambda: average_grads(list(student.parameters()), ranks))
-    dist.destroy_process_group()
+        lcm_update(a, student, target, opt, loss, lambda: average_grads(params, ranks))
+
+    follow_rank0(opt, step)
 
 
 def unet_from(a, budget):
