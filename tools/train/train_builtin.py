@@ -1267,21 +1267,34 @@ def lcm_rank(rank, ranks, a, store, state, shared):
 
 
 def unet_from(a, budget):
-    """`--unet-from RUN`: the text encoder and (EMA) UNet an earlier run's UNet stage saved (RUN/work/unet_stage.pt,
-    fp32) instead of the text and unet stages, for experiments on LCM distillation alone. The run's data, VAE
-    (`--vae-from RUN/model/vae` or the same VAE arguments) and model arguments must be the ones it was trained with:
-    the latents it learnt are encoded again here."""
+    """`--unet-from PATH`: a trained text encoder and UNet instead of the text and unet stages, for experiments on
+    LCM distillation alone. PATH is an earlier run's directory (the fp32 EMA UNet its UNet stage saved in
+    work/unet_stage.pt) or a diffusers model folder (its text_encoder/ and unet/, e.g. the shipped models/builtin,
+    fp16 weights widened to fp32). Its data, VAE (`--vae-from`) and model arguments must be the ones it was trained
+    with: the latents it learnt are encoded again here."""
+    from diffusers import UNet2DConditionModel
     from transformers import CLIPTextModel
 
     budget.begin("unet")
-    path = Path(a.unet_from) / "work" / "unet_stage.pt"
-    if not path.is_file():
-        sys.exit(f"--unet-from: {path} not found (a run directory whose UNet stage finished)")
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    root = Path(a.unet_from)
+    if (root / "model_index.json").is_file():
+        path = root
+        state = dict(te=CLIPTextModel.from_pretrained(root / "text_encoder").float().state_dict(),
+                     unet=UNet2DConditionModel.from_pretrained(root / "unet").float().state_dict())
+    elif (root / "work" / "unet_stage.pt").is_file():
+        path = root / "work" / "unet_stage.pt"
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    else:
+        sys.exit(f"--unet-from: {root} is neither a run directory whose UNet stage finished (work/unet_stage.pt) "
+                 "nor a diffusers model folder (model_index.json)")
     te = CLIPTextModel(text_config(a.text_hidden, a.text_layers, a.text_heads))
-    te.load_state_dict(state["te"])
     unet = make_unet(a, a.text_hidden)
-    unet.load_state_dict(state["unet"])
+    try:
+        te.load_state_dict(state["te"])
+        unet.load_state_dict(state["unet"])
+    except RuntimeError as e:
+        sys.exit(f"--unet-from {path}: its text encoder or UNet is not the one these arguments describe "
+                 f"(--text-*, --unet-* must be the ones it was trained with): {e}")
     te.eval().requires_grad_(False)
     unet.eval().requires_grad_(False)
     log(f"unet: loaded the text encoder and UNet of {path}")
