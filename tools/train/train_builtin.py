@@ -970,6 +970,18 @@ def join_ranks(rank, ranks, store):
                             timeout=datetime.timedelta(seconds=RANK_TIMEOUT_S))
 
 
+def caption_states(te, tokens):
+    """The text encoder's hidden states of every caption, 512 at a time, for stages that compute them once."""
+    return torch.cat([te(tokens[i:i + 512]).last_hidden_state for i in range(0, len(tokens), 512)])
+
+
+def lead_step(lr):
+    """Rank 0's half of `follow_rank0`: one more step, at learning rate `lr`."""
+    import torch.distributed as dist
+
+    dist.broadcast(torch.tensor([1.0, lr], dtype=torch.float64), 0)
+
+
 def follow_rank0(opt, step):
     """A helper rank's loop: before every step rank 0 broadcasts (1, learning rate); (0, _) ends the stage
     (`stop_ranks`)."""
@@ -1060,7 +1072,7 @@ def stage_unet(a, budget, D, lat_mean, lat_std, sf, work, te):
         # per caption (about 12% more UNet steps in the same time) instead of on every step.
         te.eval().requires_grad_(False)
         with torch.no_grad():
-            hidden = torch.cat([te(tokens[i:i + 512]).last_hidden_state for i in range(0, len(tokens), 512)])
+            hidden = caption_states(te, tokens)
             hidden_empty = te(empty[None]).last_hidden_state[0]
         params = list(unet.parameters())
         groups = [dict(params=params, mult=1.0)]
@@ -1095,9 +1107,7 @@ def stage_unet(a, budget, D, lat_mean, lat_std, sf, work, te):
         for pg in opt.param_groups:
             pg["lr"] = lr * pg["mult"]
         if ranks > 1:
-            import torch.distributed as dist
-
-            ranks = with_ranks(lambda: dist.broadcast(torch.tensor([1.0, lr], dtype=torch.float64), 0), step)
+            ranks = with_ranks(lambda: lead_step(lr), step)
         zt, t, noise, abar, cond, cells = unet_batch(a, ac, g, bs // ranks, lat_mean, lat_std, sf, hidden,
                                                      hidden_empty, tokens, empty, weights)
         h = cond if frozen else te(cond).last_hidden_state
@@ -1315,7 +1325,7 @@ def stage_lcm(a, budget, D, te, teacher, lat_mean, lat_std, sf, work):
     if ranks > 1:
         # The helpers share the captions' hidden states (computed once) instead of each running the encoder.
         with torch.no_grad():
-            hidden = torch.cat([te(tokens[i:i + 512]).last_hidden_state for i in range(0, len(tokens), 512)])
+            hidden = caption_states(te, tokens)
 
         def condition(idx):
             return hidden[idx]
@@ -1328,10 +1338,11 @@ def stage_lcm(a, budget, D, te, teacher, lat_mean, lat_std, sf, work):
             with torch.no_grad():
                 return te(tokens[idx]).last_hidden_state
 
+    params = list(student.parameters())
+
     def reduce():
         """The all-reduce of rank 0; on failure the step keeps its own gradient and the stage goes on alone."""
         nonlocal ranks
-        params = list(student.parameters())
         ranks = run_collective(lambda: average_grads(params, ranks), step, procs, store, a, ranks, "lcm")
 
     deadline = budget.deadline("lcm") - a.lcm_reserve
@@ -1343,10 +1354,7 @@ def stage_lcm(a, budget, D, te, teacher, lat_mean, lat_std, sf, work):
         for pg in opt.param_groups:
             pg["lr"] = lr
         if ranks > 1:
-            import torch.distributed as dist
-
-            ranks = run_collective(lambda: dist.broadcast(torch.tensor([1.0, lr], dtype=torch.float64), 0), step,
-                                   procs, store, a, ranks, "lcm")
+            ranks = run_collective(lambda: lead_step(lr), step, procs, store, a, ranks, "lcm")
         loss = lcm_loss(a, S, g, bs // ranks, lat_mean, lat_std, sf, condition, student, teacher, target)
         gn = lcm_update(a, student, target, opt, loss, reduce if ranks > 1 else None)
         step += 1
@@ -1450,7 +1458,8 @@ def parse_args():
                    help="torch device for the training stages (cuda: a GPU; up to --stop-after unet, one rank)")
     p.add_argument("--vae-from", default=None, help="a trained diffusers AutoencoderKL folder instead of the vae stage")
     p.add_argument("--unet-from", default=None,
-                   help="an earlier run directory whose text encoder and UNet replace the text and unet stages (LCM experiments)")
+                   help="an earlier run directory or a diffusers model folder whose text encoder and UNet replace the text and "
+                        "unet stages (LCM experiments)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--bf16", action="store_true",
                    help="bf16 autocast for the VAE and UNet training passes (LCM distillation stays fp32: its Huber c is 1e-3)")
