@@ -199,7 +199,7 @@ pub fn precision(a: PrecisionArgs) -> anyhow::Result<()> {
             eprintln!("judging {} held-out prompts with {tier} ...", a.adherence);
             let kind = model.sampler_kind(None)?;
             let steps = a.adherence_steps.unwrap_or(super::eval::default_steps(kind));
-            let (scores, _) = super::eval::judge_held_out(&model, a.adherence, steps, 5.0, kind, &brume::pipelines::RunOptions::default())?;
+            let (scores, _) = super::eval::judge_held_out(&model, &super::eval::HeldOutRun::bars(a.adherence, steps, kind), &brume::pipelines::RunOptions::default())?;
             eprintln!();
             Some(scores)
         } else {
