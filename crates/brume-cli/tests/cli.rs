@@ -154,15 +154,36 @@ fn eval_adherence_prints_the_table_and_writes_a_contact_sheet() {
     }
     // Every held-out caption states each object's size, so the shape rows by size
     // split the shape row's objects between them.
-    let n_of = |name: &str| -> usize {
+    // Rows read: name, accuracy %, n, then the 95 % interval "lo - hi", which holds the accuracy.
+    let row_of = |name: &str| -> Vec<String> {
         let row = text.lines().find(|l| l.split_whitespace().next() == Some(name)).unwrap_or_else(|| panic!("no {name} row in {text}"));
-        row.split_whitespace().last().unwrap().parse().unwrap()
+        row.split_whitespace().map(str::to_owned).collect()
     };
+    let n_of = |name: &str| -> usize { row_of(name)[2].parse().unwrap() };
     assert_eq!(n_of("shape_small") + n_of("shape_large"), n_of("shape"), "{text}");
+    for name in ["background_colour", "colour", "shape"] {
+        let r = row_of(name);
+        let num = |s: &str| -> f64 { s.trim_end_matches('%').parse().unwrap() };
+        let (acc, lo, hi) = (num(&r[1]), num(&r[3]), num(&r[5]));
+        assert!(r[4] == "-" && lo <= acc && acc <= hi && hi <= 100.0 && lo < hi, "{name}: {r:?}");
+    }
     let img = image::open(&sheet).unwrap();
     let t = builtin_size() + 2;
     assert_eq!((img.width(), img.height()), (3 * t, 2 * t));
     assert_eq!(std::fs::read_to_string(sheet.with_extension("txt")).unwrap().lines().count(), 6);
+
+    // --from skips the first prompts: prompts 4 and 5 of the list above, numbered as there.
+    let later = tmp.path().join("later.png");
+    let out = brume().args(["eval", "adherence", "--from", "4", "--count", "2", "--steps", "2", "--sheet"]).arg(&later).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("on 2 held-out prompts from #4"));
+    let all = std::fs::read_to_string(sheet.with_extension("txt")).unwrap();
+    let tail: Vec<&str> = all.lines().skip(4).map(|l| l.split("seed").nth(1).unwrap()).collect();
+    let got: Vec<String> = std::fs::read_to_string(later.with_extension("txt")).unwrap().lines().map(str::to_owned).collect();
+    assert_eq!(got.len(), 2);
+    for (i, (line, want)) in got.iter().zip(&tail).enumerate() {
+        assert!(line.trim_start().starts_with(&format!("{} ", 4 + i)) && line.ends_with(want), "{line} / {want}");
+    }
 
     let show = tmp.path().join("show.png");
     let out = brume().args(["eval", "showcase", "--steps", "2", "--out"]).arg(&show).output().unwrap();
