@@ -82,9 +82,11 @@ impl Case {
             Op::Attention { .. } if brume::kernels::conv3x3_bf16::supported() => vec!["bf16"],
             _ => Vec::new(),
         };
-        // The layers' path may be Winograd (`BRUME_WINOGRAD`, auto by default): the direct kernel beside it.
+        // The layers' path may be Winograd (`BRUME_WINOGRAD`, auto by default): the direct kernel
+        // beside it, and F(4x4, 3x3) whatever the sizes, to see where it would win on this CPU.
         if matches!(&self.op, Op::Conv { padding: 1, .. }) {
             v.insert(0, "direct");
+            v.insert(1, "wino43");
         }
         // AMX tiles (what `--compute bf16` runs where the CPU has them).
         let one_image_1x1 = matches!(&self.op, Op::Conv { x, padding: 0, .. } if x.dim(0).is_ok_and(|b| b == 1));
@@ -104,6 +106,7 @@ impl Case {
             }
             // The direct f32 kernel, where the layers' path may take Winograd.
             (Op::Conv { x, w, padding: 1, .. }, "direct") => brume::kernels::conv3x3::conv3x3(x, w),
+            (Op::Conv { x, w, padding: 1, .. }, "wino43") => brume::kernels::winograd43::conv3x3_on(brume::kernels::isa(), x, w),
             // The layers' path: the kernel's pairs were made once, at "load".
             (Op::Conv { x, pairs: Some(pairs), .. }, "bf16") => brume::kernels::conv3x3_bf16::conv3x3_bf16_packed(x, pairs),
             (Op::Conv { x, wino: Some(u), .. }, "wino-bf16") => brume::kernels::winograd_bf16::conv3x3_winograd_bf16_packed(x, u),
@@ -437,6 +440,7 @@ pub fn run(a: KernelArgs) -> anyhow::Result<()> {
                 "wino-bf16" => "brume wino bf16",
                 "amx" => "brume amx bf16",
                 "direct" => "brume direct",
+                "wino43" => "brume wino43",
                 _ => "brume im2col",
             };
             rows.push((label, timed(&alt[i])?, format!("{:.1e}", alt_err[i])));
