@@ -161,6 +161,13 @@ fn eval_adherence_prints_the_table_and_writes_a_contact_sheet() {
     };
     let n_of = |name: &str| -> usize { row_of(name)[2].parse().unwrap() };
     assert_eq!(n_of("shape_small") + n_of("shape_large"), n_of("shape"), "{text}");
+    // The colours and shapes asked for split the colour and shape rows' objects between them.
+    for what in ["colour", "shape"] {
+        let header = format!("by {what} asked for");
+        let section: Vec<&str> = text.lines().skip_while(|l| !l.starts_with(&header)).skip(1).take_while(|l| l.starts_with("  ")).collect();
+        let n: usize = section.iter().map(|l| l.split_whitespace().nth(2).unwrap().parse::<usize>().unwrap()).sum();
+        assert!(!section.is_empty() && n == n_of(what), "{what}: {section:?} in {text}");
+    }
     for name in ["background_colour", "colour", "shape"] {
         let r = row_of(name);
         let num = |s: &str| -> f64 { s.trim_end_matches('%').parse().unwrap() };

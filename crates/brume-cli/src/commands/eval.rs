@@ -230,6 +230,28 @@ pub struct Adherence {
     pub attributes: BTreeMap<&'static str, (usize, usize)>,
     pub all_correct: usize,
     pub prompts: Vec<(String, u64)>,
+    /// Objects' colours and shapes by what the caption asked for: what the judge saw.
+    pub asked: BTreeMap<(&'static str, String), Asked>,
+}
+
+/// How often one asked-for value (a colour, a shape) came out right, and what came out instead.
+#[derive(Default)]
+pub struct Asked {
+    pub ok: usize,
+    pub n: usize,
+    /// What the judge saw instead ("nothing" where it found no object for it), with counts.
+    pub instead: BTreeMap<String, usize>,
+}
+
+impl Asked {
+    fn add(&mut self, ok: bool, seen: Option<String>) {
+        self.n += 1;
+        if ok {
+            self.ok += 1;
+        } else {
+            *self.instead.entry(seen.unwrap_or_else(|| "nothing".into())).or_default() += 1;
+        }
+    }
 }
 
 /// Which held-out prompts to render and how.
@@ -264,6 +286,7 @@ pub fn judge_held_out(
     let prompts = brume_world::scene::held_out_prompts(end).split_off(run.from);
     let mut tally: BTreeMap<&'static str, (usize, usize)> = BTreeMap::new();
     let mut all_correct = 0usize;
+    let mut asked: BTreeMap<(&'static str, String), Asked> = BTreeMap::new();
     let mut tiles = Vec::with_capacity(prompts.len());
     for (i, (caption, seed)) in prompts.iter().enumerate() {
         let spec = brume_world::caption::parse_caption(caption)
@@ -292,6 +315,9 @@ pub fn judge_held_out(
         // The shape once more by the size the caption asks for: small objects span three
         // or four latent cells of a 128 px image, and that is where shapes are lost.
         for (o, v) in spec.objects.iter().zip(&verdict.objects) {
+            let seen = v.detected.as_ref();
+            asked.entry(("colour", o.colour.to_string())).or_default().add(v.colour, seen.map(|d| d.colour.to_string()));
+            asked.entry(("shape", o.shape.to_string())).or_default().add(v.shape, seen.map(|d| d.shape.to_string()));
             match o.size {
                 Some(brume_world::scene::Size::Small) => count("shape_small", v.shape),
                 Some(brume_world::scene::Size::Large) => count("shape_large", v.shape),
@@ -302,7 +328,7 @@ pub fn judge_held_out(
         tiles.push(img);
         eprint!("\r{}/{}", i + 1, prompts.len());
     }
-    Ok((Adherence { attributes: tally, all_correct, prompts }, tiles))
+    Ok((Adherence { attributes: tally, all_correct, prompts, asked }, tiles))
 }
 
 /// The Wilson score interval (95 %) of `ok` successes in `n` trials.
@@ -362,6 +388,17 @@ fn adherence(a: AdherenceArgs) -> anyhow::Result<()> {
         row(name, ok, n);
     }
     row("all attributes", all_correct, prompts.len());
+    // Which colours and shapes a model misses, and what it draws instead: where the next
+    // training run should look.
+    for what in ["colour", "shape"] {
+        println!("{:<20} {:>9} {:>8}   seen instead", format!("by {what} asked for"), "accuracy", "n");
+        for ((_, name), a) in scores.asked.iter().filter(|((w, _), _)| *w == what) {
+            let mut instead: Vec<(&String, &usize)> = a.instead.iter().collect();
+            instead.sort_by(|x, y| y.1.cmp(x.1).then(x.0.cmp(y.0)));
+            let instead: Vec<String> = instead.iter().take(3).map(|(k, v)| format!("{k} {v}")).collect();
+            println!("  {:<18} {:>8.1}% {:>8}   {}", name, 100.0 * a.ok as f64 / a.n.max(1) as f64, a.n, instead.join(", "));
+        }
+    }
     println!("{:.2} images/s ({:.1} s in all)", prompts.len() as f64 / secs, secs);
 
     // Contact sheet: tiles in prompt order, prompts in a text file beside it.
