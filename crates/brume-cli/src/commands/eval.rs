@@ -391,7 +391,7 @@ fn adherence(a: AdherenceArgs) -> anyhow::Result<()> {
     // Which colours and shapes a model misses, and what it draws instead: where the next
     // training run should look.
     for what in ["colour", "shape"] {
-        println!("{:<20} {:>9} {:>8}   seen instead", format!("by {what} asked for"), "accuracy", "n");
+        println!("{:<20} {:>9} {:>8}   seen instead (top 3)", format!("by {what} asked for"), "accuracy", "n");
         for ((_, name), a) in scores.asked.iter().filter(|((w, _), _)| *w == what) {
             let mut instead: Vec<(&String, &usize)> = a.instead.iter().collect();
             instead.sort_by(|x, y| y.1.cmp(x.1).then(x.0.cmp(y.0)));
