@@ -199,6 +199,11 @@ fn eval_adherence_prints_the_table_and_writes_a_contact_sheet() {
     assert_eq!((img.width(), img.height()), (11 * t, 2 * t), "11 samplers; 5 edit tiles");
     assert!(std::fs::read_to_string(show.with_extension("txt")).unwrap().contains("outpainted"));
 
+    // A stretch past the held-out list is refused before anything is generated.
+    let out = brume().args(["eval", "adherence", "--from", "99999", "--count", "2", "--sheet"]).arg(&later).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("--from 99999 + --count 2"), "{err}");
+
     // A sheet named .txt would be overwritten by its own legend: refused before anything is generated.
     let txt = tmp.path().join("legend.txt");
     for cmd in [["eval", "adherence", "--sheet"], ["eval", "showcase", "--out"]] {

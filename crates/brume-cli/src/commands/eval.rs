@@ -254,6 +254,11 @@ impl Asked {
     }
 }
 
+/// The most held-out prompts an eval draws: listing them is a search through the scene
+/// generator (one spec in 20 is held out), and at about a second an image this is a day of
+/// rendering, so anything past it is a mistyped number rather than an evaluation.
+const MAX_HELD_OUT: usize = 100_000;
+
 /// Which held-out prompts to render and how.
 #[derive(Clone, Copy, Debug)]
 pub struct HeldOutRun {
@@ -282,7 +287,9 @@ pub fn judge_held_out(
 ) -> anyhow::Result<(Adherence, Vec<image::RgbImage>)> {
     let size = model.default_size();
     let HeldOutRun { steps, guidance, eta, kind, .. } = *run;
-    let end = run.from.checked_add(run.count).ok_or_else(|| anyhow::anyhow!("--from + --count overflows"))?;
+    let end = run.from.checked_add(run.count).filter(|&e| e <= MAX_HELD_OUT).ok_or_else(|| {
+        anyhow::anyhow!("--from {} + --count {} is past the {MAX_HELD_OUT} held-out prompts the eval draws from", run.from, run.count)
+    })?;
     let prompts = brume_world::scene::held_out_prompts(end).split_off(run.from);
     let mut tally: BTreeMap<&'static str, (usize, usize)> = BTreeMap::new();
     let mut all_correct = 0usize;
