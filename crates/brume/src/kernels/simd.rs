@@ -113,6 +113,50 @@ mod x86 {
 
     use super::{exp2_poly, transpose_scalar, Simd, EXP2_MAX, EXP2_MIN};
 
+    /// The square tile an instruction set transposes in registers.
+    trait TransposeTile {
+        const N: usize;
+        /// One N x N tile: `dst[c * ldd + r] = src[r * ld + c]`.
+        ///
+        /// SAFETY: the CPU has the instruction set; both tiles lie in their buffers.
+        unsafe fn tile(src: *const f32, ld: usize, dst: *mut f32, ldd: usize);
+    }
+
+    impl TransposeTile for Avx512 {
+        const N: usize = 16;
+        #[inline(always)]
+        unsafe fn tile(src: *const f32, ld: usize, dst: *mut f32, ldd: usize) {
+            // SAFETY: forwarded from the caller.
+            unsafe { transpose16(src, ld, dst, ldd) }
+        }
+    }
+
+    impl TransposeTile for Avx2 {
+        const N: usize = 8;
+        #[inline(always)]
+        unsafe fn tile(src: *const f32, ld: usize, dst: *mut f32, ldd: usize) {
+            // SAFETY: forwarded from the caller.
+            unsafe { transpose8(src, ld, dst, ldd) }
+        }
+    }
+
+    /// [`Simd::transpose`] by whole tiles of `T` in registers, the ragged edges element by element.
+    ///
+    /// SAFETY: as [`Simd::transpose`], and the CPU has `T`'s instruction set.
+    #[inline(always)]
+    unsafe fn transpose_tiled<T: TransposeTile>(src: *const f32, ld: usize, rows: usize, cols: usize, dst: *mut f32, ldd: usize) {
+        let (rt, ct) = (rows / T::N * T::N, cols / T::N * T::N);
+        unsafe {
+            for r in (0..rt).step_by(T::N) {
+                for c in (0..ct).step_by(T::N) {
+                    T::tile(src.add(r * ld + c), ld, dst.add(c * ldd + r), ldd);
+                }
+            }
+            transpose_scalar(src, ld, 0, rt, ct, cols, dst, ldd);
+            transpose_scalar(src, ld, rt, rows, 0, cols, dst, ldd);
+        }
+    }
+
     /// One 16 x 16 tile: `dst[c * ldd + r] = src[r * ld + c]`, in 16 loads, 64
     /// shuffles and 16 stores (32-bit, then 64-bit interleaves within 128-bit lanes,
     /// then two rounds of 128-bit lane selection).
@@ -208,16 +252,8 @@ mod x86 {
         }
         #[inline(always)]
         unsafe fn transpose(src: *const f32, ld: usize, rows: usize, cols: usize, dst: *mut f32, ldd: usize) {
-            let (rt, ct) = (rows / 16 * 16, cols / 16 * 16);
-            unsafe {
-                for r in (0..rt).step_by(16) {
-                    for c in (0..ct).step_by(16) {
-                        transpose16(src.add(r * ld + c), ld, dst.add(c * ldd + r), ldd);
-                    }
-                }
-                transpose_scalar(src, ld, 0, rt, ct, cols, dst, ldd);
-                transpose_scalar(src, ld, rt, rows, 0, cols, dst, ldd);
-            }
+            // SAFETY: forwarded from the caller.
+            unsafe { transpose_tiled::<Self>(src, ld, rows, cols, dst, ldd) }
         }
     }
 
@@ -282,16 +318,8 @@ mod x86 {
         }
         #[inline(always)]
         unsafe fn transpose(src: *const f32, ld: usize, rows: usize, cols: usize, dst: *mut f32, ldd: usize) {
-            let (rt, ct) = (rows / 8 * 8, cols / 8 * 8);
-            unsafe {
-                for r in (0..rt).step_by(8) {
-                    for c in (0..ct).step_by(8) {
-                        transpose8(src.add(r * ld + c), ld, dst.add(c * ldd + r), ldd);
-                    }
-                }
-                transpose_scalar(src, ld, 0, rt, ct, cols, dst, ldd);
-                transpose_scalar(src, ld, rt, rows, 0, cols, dst, ldd);
-            }
+            // SAFETY: forwarded from the caller.
+            unsafe { transpose_tiled::<Self>(src, ld, rows, cols, dst, ldd) }
         }
     }
 
