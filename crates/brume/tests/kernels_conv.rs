@@ -50,6 +50,15 @@ fn conv3x3_many_shapes() {
     check_conv3x3(conv3x3_on, shapes, 11, 2e-6);
 }
 
+/// The unfold + GEMM route AVX2 takes for maps of at most 8x8 positions, on every
+/// instruction set: maps of one position, odd sides, SD's 8x8 with several images.
+#[test]
+fn conv3x3_gemm_route_many_shapes() {
+    use brume::kernels::conv3x3::conv3x3_gemm_on;
+    let shapes = &[(1, 1, 1, 1, 1), (1, 3, 5, 4, 7), (2, 70, 13, 8, 8), (3, 9, 4, 1, 5), (1, 200, 130, 4, 4), (2, 33, 7, 7, 9)];
+    check_conv3x3(conv3x3_gemm_on, shapes, 14, 2e-6);
+}
+
 /// `conv` on every instruction set this CPU runs against candle's conv2d (padding 1)
 /// on random inputs of `shapes` (batch, in, out, h, w), within `tol` relative.
 fn check_conv3x3(conv: impl Fn(Isa, &Tensor, &Tensor) -> candle_core::Result<Tensor>, shapes: &[(usize, usize, usize, usize, usize)], seed: u64, tol: f32) {
@@ -205,15 +214,18 @@ fn layer_dispatch_matches_plain_conv_in_both_modes() {
     let _switches = GLOBAL_SWITCHES.lock().unwrap_or_else(|e| e.into_inner());
     let dev = Device::Cpu;
     let mut rng = Rng::new(12);
-    let x = rng.randn(&[1, 24, 20, 20], &dev).unwrap();
-    let k = rng.randn(&[30, 24, 3, 3], &dev).unwrap();
-    let want = x.conv2d(&k, 1, 1, 1, 1).unwrap();
-    // Fast mode runs the direct kernel, reference mode the im2col + GEMM path.
-    for mode in [KernelMode::Fast, KernelMode::Reference] {
-        set_mode(mode);
-        let got = conv2d_dense(&x, &k, 1, 1, true).unwrap();
-        set_mode(KernelMode::Fast);
-        assert!(rel_err(&got, &want) <= 2e-6, "{mode:?}");
+    // 20x20 and, on AVX2, the GEMM route's 8x8.
+    for (b, hw) in [(1, 20), (2, 8)] {
+        let x = rng.randn(&[b, 24, hw, hw], &dev).unwrap();
+        let k = rng.randn(&[30, 24, 3, 3], &dev).unwrap();
+        let want = x.conv2d(&k, 1, 1, 1, 1).unwrap();
+        // Fast mode runs the direct kernel, reference mode the im2col + GEMM path.
+        for mode in [KernelMode::Fast, KernelMode::Reference] {
+            set_mode(mode);
+            let got = conv2d_dense(&x, &k, 1, 1, true).unwrap();
+            set_mode(KernelMode::Fast);
+            assert!(rel_err(&got, &want) <= 2e-6, "{mode:?} {hw}x{hw}");
+        }
     }
 }
 

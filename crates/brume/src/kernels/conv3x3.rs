@@ -238,11 +238,16 @@ impl TapLanes for EdgeLanes {
 
 /// Bytes of scratch a 3x3 conv of `channels` input channels over `batch` maps of
 /// h x w takes beyond its output with this CPU's kernels (the flat layout's copy;
-/// the row layout's three rows per thread are too small to count; on AMX, the
-/// packed input every map takes).
+/// the row layout's three rows per thread are too small to count; AVX2's GEMM route
+/// for the smallest maps, one image's unfolded input; on AMX, the packed input every
+/// map takes).
 pub fn scratch_bytes(batch: usize, channels: usize, h: usize, w: usize) -> usize {
     if super::amx_for(candle_core::DType::F32) {
         return super::amx::conv3x3_input_bytes(batch, channels, h, w);
+    }
+    let d = Dims { batch, in_ch: channels, out_ch: 1, h, w };
+    if gemm_wins(isa(), d) {
+        return channels.saturating_mul(9 * h * w * 4);
     }
     let xb = 2 * isa().lanes();
     Flat::plan(batch, channels, h, w, xb, dense_flat(isa())).map_or(0, |f| f.bytes(batch, channels))
@@ -251,6 +256,16 @@ pub fn scratch_bytes(batch: usize, channels: usize, h: usize, w: usize) -> usize
 /// 3x3 / stride 1 / padding 1 convolution of `x` [b, c, h, w] with `w` [o, c, 3, 3]
 /// (no bias) on the instruction set `isa`; contiguous f32 CPU tensors.
 pub fn conv3x3_on(isa: Isa, x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    on_tensors(isa, x, w, false)
+}
+
+/// As [`conv3x3_on`] by the unfold + GEMM route [`run_best`] takes for AVX2's smallest
+/// maps, whatever the sizes (tests and benches).
+pub fn conv3x3_gemm_on(isa: Isa, x: &Tensor, w: &Tensor) -> Result<Tensor> {
+    on_tensors(isa, x, w, true)
+}
+
+fn on_tensors(isa: Isa, x: &Tensor, w: &Tensor, gemm: bool) -> Result<Tensor> {
     require(isa)?;
     let w = w.contiguous()?;
     let (o, wc, kh, kw) = w.dims4()?;
@@ -262,7 +277,7 @@ pub fn conv3x3_on(isa: Isa, x: &Tensor, w: &Tensor) -> Result<Tensor> {
         candle_core::bail!("conv3x3: the kernel must be an f32 CPU tensor");
     };
     let (a, b) = layout.contiguous_offsets().ok_or_else(|| candle_core::Error::Msg("conv3x3: strided kernel".into()))?;
-    x.contiguous()?.apply_op1_no_bwd(&Conv3x3Op { weights: &data[a..b], out_ch: o, isa })
+    x.contiguous()?.apply_op1_no_bwd(&Conv3x3Op { weights: &data[a..b], out_ch: o, isa, gemm })
 }
 
 /// As [`conv3x3_on`] on this CPU's widest instruction set.
@@ -274,6 +289,7 @@ struct Conv3x3Op<'a> {
     weights: &'a [f32],
     out_ch: usize,
     isa: Isa,
+    gemm: bool,
 }
 
 impl CustomOp1 for Conv3x3Op<'_> {
@@ -291,7 +307,11 @@ impl CustomOp1 for Conv3x3Op<'_> {
         let (batch, in_ch, h, w) = layout.shape().dims4()?;
         let d = Dims { batch, in_ch, out_ch: self.out_ch, h, w };
         let mut out = vec![0f32; batch * self.out_ch * h * w];
-        run(self.isa, &data[a..b], d, self.weights, &mut out)?;
+        if self.gemm {
+            run_gemm(self.isa, &data[a..b], d, self.weights, &mut out)?;
+        } else {
+            run(self.isa, &data[a..b], d, self.weights, &mut out)?;
+        }
         Ok((CpuStorage::F32(out), Shape::from((batch, self.out_ch, h, w))))
     }
 }
@@ -459,13 +479,66 @@ pub(crate) unsafe fn flat_task<K: FlatPanel>(
 
 /// `out` [b, o, h, w] = conv(`x` [b, c, h, w], `weights` [o, c, 3, 3]), padding 1,
 /// by the fastest f32 kernel for the sizes: Winograd on large maps with enough
-/// channels ([`super::winograd::choose`]), else the direct kernel.
+/// channels ([`super::winograd::choose`]), the GEMM on AVX2's smallest maps
+/// ([`gemm_wins`]), else the direct kernel.
 pub(crate) fn run_best(isa: Isa, x: &[f32], d: Dims, weights: &[f32], out: &mut [f32]) -> Result<()> {
     use super::winograd::{choose, Choice};
     match choose(d) {
         Choice::F4 => super::winograd43::run(isa, x, d, weights, out, false),
         Choice::F2(_) => super::winograd::run(isa, x, d, weights, out),
+        Choice::Direct if gemm_wins(isa, d) => run_gemm(isa, x, d, weights, out),
         Choice::Direct => run(isa, x, d, weights, out),
+    }
+}
+
+/// Most positions per map (h * w) that [`run_best`] runs by unfolding and the GEMM.
+const GEMM_MAX_POSITIONS: usize = 64;
+
+/// Whether [`run_best`] unfolds `d`'s input (9c x hw per image) and runs the GEMM on
+/// it: AVX2 maps of at most 8x8 positions. There the flat layout ran SD's 1280-channel
+/// 8x8 layers at ~68 GFLOP/s, a third of the core's peak, while the GEMM ran them at
+/// 130-140 (Zen 3, `brume bench kernels --only conv3x3_1280_8`, 2 images); at 16x16
+/// and 32x32 the direct kernel stayed ahead (0.094-0.097 s against 0.106-0.121 at
+/// 16x16). AVX-512's dense flat layout masks the border lanes and ran 8x8 at ~200 on
+/// Zen 4, so it keeps it.
+fn gemm_wins(isa: Isa, d: Dims) -> bool {
+    matches!(isa, Isa::Avx2) && d.h * d.w <= GEMM_MAX_POSITIONS
+}
+
+/// [`run_best`]'s GEMM route: per image, the input unfolded into a [c * 9, h * w]
+/// patch matrix (zero padding), times the kernel read as [o, c * 9] where it is.
+fn run_gemm(isa: Isa, x: &[f32], d: Dims, weights: &[f32], out: &mut [f32]) -> Result<()> {
+    require(isa)?;
+    if !d.check("conv3x3 (gemm)", x, weights, out)? {
+        return Ok(());
+    }
+    let Dims { batch, in_ch: c, out_ch: o, h, w } = d;
+    let (hw, k) = (h * w, c * 9);
+    let mut patch = vec![0f32; k * hw];
+    for (img, dst) in x.chunks_exact(c * hw).zip(out.chunks_exact_mut(o * hw)).take(batch) {
+        patch.par_chunks_mut(9 * hw).zip(img.par_chunks(hw)).for_each(|(rows, plane)| unfold3x3(plane, h, w, rows));
+        super::matmul::gemm(isa, o, hw, k, weights, k, &patch, super::matmul::BLayout::KN { ld: hw }, dst)?;
+    }
+    Ok(())
+}
+
+/// Writes the nine shifted copies of one h x w `plane` (tap ky, kx: row ky * 3 + kx of
+/// `rows`, [9, h * w]), zero where the tap falls outside the map.
+fn unfold3x3(plane: &[f32], h: usize, w: usize, rows: &mut [f32]) {
+    for (tap, row) in rows.chunks_exact_mut(h * w).enumerate() {
+        let (dy, dx) = (tap / 3, tap % 3);
+        for (y, out) in row.chunks_exact_mut(w).enumerate() {
+            let iy = (y + dy).wrapping_sub(1);
+            if iy >= h {
+                out.fill(0.0);
+                continue;
+            }
+            let src = &plane[iy * w..(iy + 1) * w];
+            for (x, v) in out.iter_mut().enumerate() {
+                let ix = (x + dx).wrapping_sub(1);
+                *v = if ix < w { src[ix] } else { 0.0 };
+            }
+        }
     }
 }
 
