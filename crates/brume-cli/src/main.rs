@@ -80,7 +80,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
-    let result = match cli.command {
+    let run = move || match cli.command {
         Command::Generate(a) => commands::generate::run(a),
         Command::Edit(a) => commands::edit::run(a),
         Command::Info(a) => commands::info::run(a),
@@ -91,6 +91,7 @@ fn main() -> ExitCode {
         Command::Inspect(a) => commands::inspect::run(a),
         Command::RandomModel(a) => commands::random_model::run(a),
     };
+    let result = brume::runtime::on_compute_thread(run);
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
