@@ -516,30 +516,10 @@ fn run_gemm(isa: Isa, x: &[f32], d: Dims, weights: &[f32], out: &mut [f32]) -> R
     let (hw, k) = (h * w, c * 9);
     let mut patch = vec![0f32; k * hw];
     for (img, dst) in x.chunks_exact(c * hw).zip(out.chunks_exact_mut(o * hw)).take(batch) {
-        patch.par_chunks_mut(9 * hw).zip(img.par_chunks(hw)).for_each(|(rows, plane)| unfold3x3(plane, h, w, rows));
+        super::im2col::im2col(img, c, h, w, 3, 3, 1, 1, 0, h, w, &mut patch);
         super::matmul::gemm(isa, o, hw, k, weights, k, &patch, super::matmul::BLayout::KN { ld: hw }, dst)?;
     }
     Ok(())
-}
-
-/// Writes the nine shifted copies of one h x w `plane` (tap ky, kx: row ky * 3 + kx of
-/// `rows`, [9, h * w]), zero where the tap falls outside the map.
-fn unfold3x3(plane: &[f32], h: usize, w: usize, rows: &mut [f32]) {
-    for (tap, row) in rows.chunks_exact_mut(h * w).enumerate() {
-        let (dy, dx) = (tap / 3, tap % 3);
-        for (y, out) in row.chunks_exact_mut(w).enumerate() {
-            let iy = (y + dy).wrapping_sub(1);
-            if iy >= h {
-                out.fill(0.0);
-                continue;
-            }
-            let src = &plane[iy * w..(iy + 1) * w];
-            for (x, v) in out.iter_mut().enumerate() {
-                let ix = (x + dx).wrapping_sub(1);
-                *v = if ix < w { src[ix] } else { 0.0 };
-            }
-        }
-    }
 }
 
 /// `out` [b, o, h, w] = conv(`x` [b, c, h, w], `weights` [o, c, 3, 3]), padding 1,

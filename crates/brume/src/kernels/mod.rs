@@ -20,6 +20,7 @@ pub mod flash_attention;
 pub mod geglu;
 pub mod gelu;
 pub mod group_norm;
+pub(crate) mod im2col;
 pub mod matmul;
 pub mod matmul_bf16;
 pub mod peak;
