@@ -764,23 +764,27 @@ unsafe fn output_row<S: Simd, const NV: usize, const TILED: bool>(
     let tw = span + 2;
     let tile = c * 3 * tw;
     let need = wpad / span * tile;
-    // One padded row (wpad + 2) is staged after the tiles, then cut into them.
-    if buf.len() < need + wpad + 2 {
-        buf.resize(need + wpad + 2, 0.0);
+    // Tiled, one padded row (wpad + 2) is staged after the tiles, then cut into them;
+    // whole rows are written in place.
+    let stage = if TILED { wpad + 2 } else { 0 };
+    if buf.len() < need + stage {
+        buf.resize(need + stage, 0.0);
     }
-    let (tiles, r) = buf.split_at_mut(need);
-    let r = &mut r[..wpad + 2];
+    let (tiles, staged) = buf.split_at_mut(need);
     for ci in 0..c {
         for ky in 0..3 {
             let iy = y as isize + ky as isize - 1;
+            let row = (ci * 3 + ky) * tw;
+            let r = if TILED { &mut staged[..stage] } else { &mut tiles[row..row + tw] };
             if iy < 0 || iy >= h as isize {
                 r.fill(0.0);
             } else {
                 pad_row(img, ci, iy as usize, h, w, r);
             }
-            for (t, dst) in tiles.chunks_exact_mut(tile).enumerate() {
-                let row = (ci * 3 + ky) * tw;
-                dst[row..row + tw].copy_from_slice(&r[t * span..t * span + tw]);
+            if TILED {
+                for (t, dst) in tiles.chunks_exact_mut(tile).enumerate() {
+                    dst[row..row + tw].copy_from_slice(&staged[t * span..t * span + tw]);
+                }
             }
         }
     }
