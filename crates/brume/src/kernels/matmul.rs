@@ -123,6 +123,12 @@ pub(crate) fn gemm(isa: Isa, m: usize, n: usize, k: usize, a: &[f32], lda: usize
     }
     // Short products take the narrow block and small strips (see SHORT_M).
     let short = m <= SHORT_M;
+    #[cfg(target_arch = "x86_64")]
+    if let (Isa::Avx2, true, BLayout::NK { ld }) = (isa, short, bl) {
+        // SAFETY: `require` found AVX2 and FMA; `check` the buffers' sizes; m <= SHORT_M.
+        unsafe { by_weight_rows_avx2(m, n, k, a, lda, b, ld, dst) };
+        return Ok(());
+    }
     let panel_bytes = if short { SHORT_PANEL_BYTES } else { PANEL_BYTES };
     let nr = match isa {
         Isa::Avx512 if !short => WIDE * 16,
@@ -154,6 +160,113 @@ pub(crate) fn gemm(isa: Isa, m: usize, n: usize, k: usize, a: &[f32], lda: usize
         });
     });
     Ok(())
+}
+
+/// A short product (m <= SHORT_M rows, the text encoder's 77 or 154 tokens) by a
+/// linear layer's weight as stored, W [n, k], on AVX2: the product is formed
+/// transposed, with W's rows as the broadcast side (six at a time, read in place) and
+/// A packed into strips of 16 tokens. The general path packs B, so it transposed the
+/// whole weight into strips on every call, where each weight value is then used only
+/// m times; packing A moves m x k values, not n x k. Every output still sums its k
+/// terms one at a time from k = 0 (`fma(w, x, acc)` is `fma(x, w, acc)` to the bit),
+/// so its values are the general path's and a row's result does not depend on the
+/// rows beside it.
+///
+/// SAFETY: the CPU has AVX2 and FMA; the sizes passed `check`; `m <= SHORT_M`.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn by_weight_rows_avx2(m: usize, n: usize, k: usize, a: &[f32], lda: usize, w: &[f32], ldw: usize, dst: &mut [f32]) {
+    let t = TOKENS;
+    let strips = m.div_ceil(t);
+    assert!(strips <= MAX_TOKEN_STRIPS, "by_weight_rows: {m} rows");
+    // A^T in strips: packed[s][kk][tt] = a[s * t + tt][kk], zeros past m.
+    let mut packed = vec![0f32; strips * k * t];
+    packed.par_chunks_mut(k * t).enumerate().for_each(|(s, strip)| {
+        let rows = t.min(m - s * t);
+        assert!((s * t + rows - 1) * lda + k <= a.len());
+        // SAFETY: the CPU has AVX2 (the caller's); rows s*t.. of A (k floats, lda
+        // apart) lie in `a` (asserted); the strip holds k rows of t >= rows floats.
+        unsafe { transpose_avx2(a.as_ptr().add(s * t * lda), lda, rows, k, strip.as_mut_ptr(), t) };
+    });
+    let blocks = n.div_ceil(MR);
+    let per = blocks.div_ceil(blocks.min(8 * rayon::current_num_threads()));
+    let out = SharedMut(dst.as_mut_ptr());
+    let packed = &packed;
+    (0..blocks.div_ceil(per)).into_par_iter().for_each(|task| {
+        let blks = task * per..((task + 1) * per).min(blocks);
+        // SAFETY: the CPU has AVX2 and FMA; the task writes only the columns of its
+        // blocks of weight rows, disjoint from every other task's; sizes checked above.
+        unsafe { weight_rows_task_avx2(m, n, k, packed, strips, w, ldw, blks, out) }
+    });
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn transpose_avx2(src: *const f32, ld: usize, rows: usize, cols: usize, dst: *mut f32, ldd: usize) {
+    // SAFETY: forwarded from the caller.
+    unsafe { <super::simd::Avx2 as Simd>::transpose(src, ld, rows, cols, dst, ldd) }
+}
+
+/// Tokens per packed strip of A in [`by_weight_rows_avx2`]: two AVX2 vectors.
+const TOKENS: usize = 16;
+/// Most strips of A [`by_weight_rows_avx2`] holds partial sums for (SHORT_M rows).
+const MAX_TOKEN_STRIPS: usize = SHORT_M.div_ceil(TOKENS);
+/// Values of k per pass in [`by_weight_rows_avx2`]: six weight rows of this many
+/// floats (6 KiB) stay in L1 while every strip of A (16 KiB each) goes by from L2.
+const KC_ROWS: usize = 256;
+
+/// One task of [`by_weight_rows_avx2`]: weight rows `blks` (blocks of MR) against
+/// every strip of the packed A, written transposed into the m x n output.
+///
+/// SAFETY: the CPU has AVX2 and FMA; `packed` holds `strips` strips of k x TOKENS
+/// floats; W's rows are k floats `ldw` apart; `out` is the m x n output, of which
+/// only the columns of `blks` are written here.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn weight_rows_task_avx2(m: usize, n: usize, k: usize, packed: &[f32], strips: usize, w: &[f32], ldw: usize, blks: std::ops::Range<usize>, out: SharedMut) {
+    type S = super::simd::Avx2;
+    const NV: usize = TOKENS / 8;
+    // Partial sums of one block of weight rows against every strip, between passes over k.
+    let mut sums = [[[0f32; TOKENS]; MR]; MAX_TOKEN_STRIPS];
+    for blk in blks {
+        let j0 = blk * MR;
+        let live = MR.min(n - j0);
+        let mut k0 = 0;
+        while k0 < k {
+            let kc = KC_ROWS.min(k - k0);
+            // Rows past n repeat the last one; their sums are dropped.
+            // SAFETY: row min(j0 + i, n - 1) of W, k floats from its start, lies in `w`.
+            let rows: [*const f32; MR] = std::array::from_fn(|i| unsafe { w.as_ptr().add((j0 + i).min(n - 1) * ldw + k0) });
+            for (s, sum) in sums.iter_mut().enumerate().take(strips) {
+                // SAFETY: the strip holds kc rows of TOKENS floats from k0; each row pointer kc floats.
+                unsafe {
+                    let mut acc = if k0 == 0 {
+                        [[S::splat(0.0); NV]; MR]
+                    } else {
+                        std::array::from_fn(|i| std::array::from_fn(|v| S::load(sum[i].as_ptr().add(v * 8))))
+                    };
+                    block::<S, NV>(&mut acc, &rows, packed.as_ptr().add((s * k + k0) * TOKENS), kc);
+                    for (i, r) in acc.iter().enumerate() {
+                        for (v, &x) in r.iter().enumerate() {
+                            S::store(sum[i].as_mut_ptr().add(v * 8), x);
+                        }
+                    }
+                }
+            }
+            k0 += kc;
+        }
+        for (s, sum) in sums.iter().enumerate().take(strips) {
+            for tt in 0..TOKENS.min(m - s * TOKENS) {
+                let row = s * TOKENS + tt;
+                for (i, w_row) in sum.iter().enumerate().take(live) {
+                    // SAFETY: row < m and column j0 + i < n lie in the output; this task
+                    // alone writes the columns of its blocks.
+                    unsafe { *out.get().add(row * n + j0 + i) = w_row[tt] };
+                }
+            }
+        }
+    }
 }
 
 struct Problem<'a> {
