@@ -33,7 +33,7 @@ pub struct KernelArgs {
     #[arg(long)]
     torch_script: Option<PathBuf>,
     /// Only the cases whose name contains this (attn_self, attn_cross, gn, gn_silu,
-    /// conv3x3_320, conv3x3_640_64, conv3x3_960_320_64, conv3x3_640, conv3x3_1280_32, conv3x3_1920_640, conv3x3_1280_16, conv3x3_1280_8, conv1x1_320, conv3x3_64_256, conv3x3_64_512, linear_320, linear_geglu, linear_77_1024, linear_77_fc1, linear_77_fc2).
+    /// conv3x3_320, conv3x3_640_64, conv3x3_960_320_64, conv3x3_640, conv3x3_1280_32, conv3x3_1920_640, conv3x3_1280_16, conv3x3_1280_8, conv1x1_320, conv3x3_64_256, conv3x3_64_512, linear_320, linear_geglu, linear_256_1280, linear_256_ff_out, linear_77_1024, linear_77_fc1, linear_77_fc2).
     #[arg(long)]
     only: Option<String>,
 }
@@ -209,6 +209,9 @@ fn cases() -> anyhow::Result<Vec<Case>> {
     for (name, m, k, n) in [
         ("linear_320", 4096, 320, 320),
         ("linear_geglu", 4096, 320, 2560),
+        // SD 1.5's 16x16 level (256 tokens, width 1280): attention and the feed-forward's second product.
+        ("linear_256_1280", 256, 1280, 1280),
+        ("linear_256_ff_out", 256, 5120, 1280),
         ("linear_77_1024", 77, 1024, 1024),
         ("linear_77_fc1", 77, 1024, 4096),
         ("linear_77_fc2", 77, 4096, 1024),

@@ -124,8 +124,8 @@ pub(crate) fn gemm(isa: Isa, m: usize, n: usize, k: usize, a: &[f32], lda: usize
     // Short products take the narrow block and small strips (see SHORT_M).
     let short = m <= SHORT_M;
     #[cfg(target_arch = "x86_64")]
-    if let (Isa::Avx2, true, BLayout::NK { ld }) = (isa, short, bl) {
-        // SAFETY: `require` found AVX2 and FMA; `check` the buffers' sizes; m <= SHORT_M.
+    if let (Isa::Avx2, true, BLayout::NK { ld }) = (isa, weight_rows_win(m, n), bl) {
+        // SAFETY: `require` found AVX2 and FMA; `check` the buffers' sizes; m <= WEIGHT_ROWS_MAX_M.
         unsafe { by_weight_rows_avx2(m, n, k, a, lda, b, ld, dst) };
         return Ok(());
     }
@@ -162,17 +162,17 @@ pub(crate) fn gemm(isa: Isa, m: usize, n: usize, k: usize, a: &[f32], lda: usize
     Ok(())
 }
 
-/// A short product (m <= SHORT_M rows, the text encoder's 77 or 154 tokens) by a
-/// linear layer's weight as stored, W [n, k], on AVX2: the product is formed
-/// transposed, with W's rows as the broadcast side (six at a time, read in place) and
-/// A packed into strips of 16 tokens. The general path packs B, so it transposed the
+/// A product of few rows (the text encoder's 77 or 154 tokens, SD's 16x16 level's
+/// 256: [`weight_rows_win`]) by a linear layer's weight as stored, W [n, k], on AVX2:
+/// the product is formed transposed, with W's rows as the broadcast side (six at a
+/// time, read in place) and A packed into strips of 16 tokens. The general path packs B, so it transposed the
 /// whole weight into strips on every call, where each weight value is then used only
 /// m times; packing A moves m x k values, not n x k. Every output still sums its k
 /// terms one at a time from k = 0 (`fma(w, x, acc)` is `fma(x, w, acc)` to the bit),
 /// so its values are the general path's and a row's result does not depend on the
 /// rows beside it.
 ///
-/// SAFETY: the CPU has AVX2 and FMA; the sizes passed `check`; `m <= SHORT_M`.
+/// SAFETY: the CPU has AVX2 and FMA; the sizes passed `check`; `m <= WEIGHT_ROWS_MAX_M`.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn by_weight_rows_avx2(m: usize, n: usize, k: usize, a: &[f32], lda: usize, w: &[f32], ldw: usize, dst: &mut [f32]) {
@@ -209,8 +209,24 @@ unsafe fn transpose_avx2(src: *const f32, ld: usize, rows: usize, cols: usize, d
 
 /// Tokens per packed strip of A in [`by_weight_rows_avx2`]: two AVX2 vectors.
 const TOKENS: usize = 16;
-/// Most strips of A [`by_weight_rows_avx2`] holds partial sums for (SHORT_M rows).
-const MAX_TOKEN_STRIPS: usize = SHORT_M.div_ceil(TOKENS);
+/// Most rows of A [`by_weight_rows_avx2`] takes: SD's 16x16 level unguided (256
+/// tokens). Products with cold weights (`cargo run --release -p brume --example
+/// cold_linear -- M K N 8 6`, eight weights cycled so none stays in L3; Zen 3, three
+/// alternations, medians in GFLOP/s, general path / this one): 256 x 1280 -> 1280
+/// 137 / 150, -> 10240 151 / 154, 256 x 5120 -> 1280 140 / 153; at 512 rows it lost
+/// (512 x 1280 -> 1280 154 / 144, also with shorter passes over k), its packed A
+/// then outgrowing L2.
+const WEIGHT_ROWS_MAX_M: usize = 256;
+/// Most strips of A [`by_weight_rows_avx2`] holds partial sums for.
+const MAX_TOKEN_STRIPS: usize = WEIGHT_ROWS_MAX_M.div_ceil(TOKENS);
+
+/// Whether an m x n product by a linear weight takes [`by_weight_rows_avx2`]: it packs
+/// A (m x k values) where the general path packs the weight (n x k), so it wins where
+/// A is the smaller one, up to [`WEIGHT_ROWS_MAX_M`] rows.
+fn weight_rows_win(m: usize, n: usize) -> bool {
+    m <= SHORT_M || (m <= WEIGHT_ROWS_MAX_M && m < n)
+}
+
 /// Values of k per pass in [`by_weight_rows_avx2`]: six weight rows of this many
 /// floats (6 KiB) stay in L1 while every strip of A (16 KiB each) goes by from L2.
 const KC_ROWS: usize = 256;
