@@ -165,12 +165,13 @@ pub(crate) fn gemm(isa: Isa, m: usize, n: usize, k: usize, a: &[f32], lda: usize
 /// A product of few rows (the text encoder's 77 or 154 tokens, SD's 16x16 level's
 /// 256: [`weight_rows_win`]) by a linear layer's weight as stored, W [n, k], on AVX2:
 /// the product is formed transposed, with W's rows as the broadcast side (six at a
-/// time, read in place) and A packed into strips of 16 tokens. The general path packs B, so it transposed the
-/// whole weight into strips on every call, where each weight value is then used only
-/// m times; packing A moves m x k values, not n x k. Every output still sums its k
-/// terms one at a time from k = 0 (`fma(w, x, acc)` is `fma(x, w, acc)` to the bit),
-/// so its values are the general path's and a row's result does not depend on the
-/// rows beside it.
+/// time, read in place) and A packed into strips of 16 tokens. The general path packs
+/// B, so it transposed the whole weight into strips on every call, where each weight
+/// value is then used only m times; packing A moves m x k values, not n x k (a
+/// per-call buffer of at most 256 x k floats, 5 MiB at k = 5120, beside an input of
+/// that size). Every output still sums its k terms one at a time from k = 0 (`fma(w,
+/// x, acc)` is `fma(x, w, acc)` to the bit), so its values are the general path's and
+/// a row's result does not depend on the rows beside it.
 ///
 /// SAFETY: the CPU has AVX2 and FMA; the sizes passed `check`; `m <= WEIGHT_ROWS_MAX_M`.
 #[cfg(target_arch = "x86_64")]
