@@ -209,6 +209,7 @@ unsafe fn transpose_avx2(src: *const f32, ld: usize, rows: usize, cols: usize, d
 }
 
 /// Tokens per packed strip of A in [`by_weight_rows_avx2`]: two AVX2 vectors.
+#[cfg(target_arch = "x86_64")]
 const TOKENS: usize = 16;
 /// Most rows of A [`by_weight_rows_avx2`] takes: SD's 16x16 level unguided (256
 /// tokens). Products with cold weights (`cargo run --release -p brume --example
@@ -217,19 +218,23 @@ const TOKENS: usize = 16;
 /// 137 / 150, -> 10240 151 / 154, 256 x 5120 -> 1280 140 / 153; at 512 rows it lost
 /// (512 x 1280 -> 1280 154 / 144, also with shorter passes over k), its packed A
 /// then outgrowing L2.
+#[cfg(target_arch = "x86_64")]
 const WEIGHT_ROWS_MAX_M: usize = 256;
 /// Most strips of A [`by_weight_rows_avx2`] holds partial sums for.
+#[cfg(target_arch = "x86_64")]
 const MAX_TOKEN_STRIPS: usize = WEIGHT_ROWS_MAX_M.div_ceil(TOKENS);
 
 /// Whether an m x n product by a linear weight takes [`by_weight_rows_avx2`]: it packs
 /// A (m x k values) where the general path packs the weight (n x k), so it wins where
 /// A is the smaller one, up to [`WEIGHT_ROWS_MAX_M`] rows.
+#[cfg(target_arch = "x86_64")]
 fn weight_rows_win(m: usize, n: usize) -> bool {
     m <= SHORT_M || (m <= WEIGHT_ROWS_MAX_M && m < n)
 }
 
 /// Values of k per pass in [`by_weight_rows_avx2`]: six weight rows of this many
 /// floats (6 KiB) stay in L1 while every strip of A (16 KiB each) goes by from L2.
+#[cfg(target_arch = "x86_64")]
 const KC_ROWS: usize = 256;
 
 /// One task of [`by_weight_rows_avx2`]: weight rows `blks` (blocks of MR) against
