@@ -12,6 +12,9 @@ use common::rel_err;
 
 #[test]
 fn bf16_unet_matches_diffusers_and_reuses_its_packed_weights() {
+    // Every check of this binary runs in this one test: they switch the process-wide
+    // compute mode, which a test beside them would see.
+    geglu_projection_by_blocks_matches_the_two_ops();
     if !brume::kernels::conv3x3_bf16::supported() {
         eprintln!("no AVX512-BF16 on this CPU: bf16 UNet not run");
         return;
@@ -32,7 +35,6 @@ fn bf16_unet_matches_diffusers_and_reuses_its_packed_weights() {
     assert!(rel_err(&f32_out, &want) <= 1e-4, "f32 after bf16 must be unchanged");
     exact_layers_keep_f32_products_under_bf16();
     a_kept_conv_form_serves_other_map_sizes();
-    geglu_projection_by_blocks_matches_the_two_ops();
 }
 
 /// The same weights under four names, run in f32 and under bf16 compute: the
@@ -139,10 +141,11 @@ fn a_kept_conv_form_serves_other_map_sizes() {
     assert!(got[3] == direct_small, "8x8 after 16x16: the direct kernel, rounded per call");
 }
 
-/// Under bf16 compute a feed-forward's GEGLU projection is made and consumed a block of
-/// rows at a time (`Linear::forward_geglu`): over several blocks and a short last one,
-/// with a bias, its values are those of the projection followed by the GEGLU op, to
-/// the bit; and in f32 (where it runs the two ops) it is the plain formula's.
+/// Under bf16 compute (and on AVX2 under f32 compute, for a weight this small) a
+/// feed-forward's GEGLU projection is made and consumed a block of rows at a time
+/// (`Linear::forward_geglu`): over several blocks and a short last one, with a bias,
+/// its values are those of the projection followed by the GEGLU op, to the bit, in
+/// both; and the f32 one is the plain formula's.
 fn geglu_projection_by_blocks_matches_the_two_ops() {
     use brume::layers::Linear;
     use brume::loading::safetensors::{write_safetensors, SafetensorsFile, StoredDType};
@@ -181,6 +184,11 @@ fn geglu_projection_by_blocks_matches_the_two_ops() {
     assert_eq!(f32_fused.dims(), &[2, rows / 2, n / 2]);
     let e = rel_err(&f32_fused, &plain(proj.forward(&x).unwrap()));
     assert!(e <= 1e-6, "f32 GEGLU vs the plain formula: {e:.2e}");
+    let f32_two_ops = brume::kernels::geglu::geglu(&proj.forward(&x).unwrap()).unwrap();
+    assert_eq!(flat(f32_fused.clone()), flat(f32_two_ops), "f32 GEGLU by blocks must give the two ops' values");
+    if !brume::kernels::conv3x3_bf16::supported() {
+        return;
+    }
     set_compute(Compute::Bf16).unwrap();
     let fused = proj.forward_geglu(&x).unwrap();
     let two_ops = brume::kernels::geglu::geglu(&proj.forward(&x).unwrap()).unwrap();

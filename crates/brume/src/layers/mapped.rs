@@ -402,17 +402,20 @@ const GEGLU_BLOCK_BYTES: usize = 2 << 20;
 const GEGLU_MIN_ROWS: usize = 192;
 
 /// A GEGLU projection, `a * gelu(gate)` of the halves of `x W^T + b`, a block of rows
-/// at a time with the mapped weight's cached bf16 form: the [rows, 2 inner] product
-/// (42 MB at SD 1.5's 4096 tokens x 2560) is never written out to memory and read
-/// back, only one block of it, while it is still in cache. The values are those of
-/// the product, the in-place bias and [`crate::kernels::geglu::geglu`], to the bit.
-/// Against those two ops (medians of 25 alternated calls, bias included, 2 threads):
+/// at a time with the mapped weight's cached bf16 form (or in f32, see
+/// [`linear_geglu_param`]): the [rows, 2 inner] product (42 MB at SD 1.5's 4096 tokens
+/// x 2560) is never written out to memory and read back, only one block of it, while
+/// it is still in cache. The values are those of the product, the in-place bias and
+/// [`crate::kernels::geglu::geglu`], to the bit. Against those two ops under bf16
+/// compute (medians of 25 alternated calls, bias included, 2 threads):
 /// 4096 x 320 -> 2560 0.023-0.025 s vs 0.042-0.044 (the two ops also fault in 63 MB
 /// of fresh output per call), 1024 x 640 -> 5120 0.020-0.025 vs 0.021-0.027, 256 x
 /// 1280 -> 10240 (one block and a short one) level.
 struct LinearGegluOp<'a> {
     w: &'a MappedF32,
     bias: Option<&'a [f32]>,
+    /// The blocks' products with the weight's cached bf16 form, else the f32 GEMM.
+    bf16: bool,
 }
 
 impl CustomOp1 for LinearGegluOp<'_> {
@@ -436,13 +439,19 @@ impl CustomOp1 for LinearGegluOp<'_> {
         }
         // Whole row chunks of the GEMM, and at least GEGLU_MIN_ROWS rows.
         let mc = crate::kernels::matmul_bf16::MC;
-        let per = (GEGLU_BLOCK_BYTES / (4 * n)).max(GEGLU_MIN_ROWS) / mc * mc;
+        let per = if self.bf16 { (GEGLU_BLOCK_BYTES / (4 * n)).max(GEGLU_MIN_ROWS) / mc * mc } else { GEGLU_F32_ROWS };
         let mut block = vec![0f32; per.min(rows) * n];
         let mut r0 = 0;
         while r0 < rows {
             let rc = per.min(rows - r0);
             let (h, dst) = (&mut block[..rc * n], &mut out[r0 * inner..(r0 + rc) * inner]);
-            linear_bf16_cached(&x[r0 * k..(r0 + rc) * k], rc, k, self.w, h)?;
+            let xb = &x[r0 * k..(r0 + rc) * k];
+            if self.bf16 {
+                linear_bf16_cached(xb, rc, k, self.w, h)?;
+            } else {
+                use crate::kernels::matmul::{gemm, BLayout};
+                gemm(crate::kernels::isa(), rc, n, k, xb, k, self.w.data(), BLayout::NK { ld: k }, h)?;
+            }
             h.par_chunks_mut(n).zip(dst.par_chunks_mut(inner)).try_for_each(|(row, d)| {
                 if let Some(b) = self.bias {
                     add_bias(row, b);
@@ -456,16 +465,38 @@ impl CustomOp1 for LinearGegluOp<'_> {
 }
 
 /// [`LinearGegluOp`] where it applies: an f32 CPU input, an in-place f32 weight and
-/// bf16 compute with fast kernels (whose bf16 form is packed once, so a call per block
-/// of rows costs nothing extra); `None` elsewhere, where the caller runs the product
-/// and the GEGLU as two ops.
+/// fast kernels, with bf16 compute (whose bf16 form is packed once, so a call per block
+/// of rows costs nothing extra) or, on AVX2, f32 compute with a weight of at most
+/// [`GEGLU_F32_WEIGHT_MAX`] (packed again by every block of [`GEGLU_F32_ROWS`], from
+/// cache after the first); `None` elsewhere, where the caller runs the product and the
+/// GEGLU as two ops.
 pub(crate) fn linear_geglu_param(x: &Tensor, w: &super::Param, bias: Option<&[f32]>) -> Result<Option<Tensor>> {
+    use crate::kernels::{compute, fast_for, isa, Compute, Isa};
     let super::Param::Mapped(m) = w else { return Ok(None) };
-    if !matches!(x.device(), candle_core::Device::Cpu) || !crate::kernels::bf16_copies_for(x.dtype()) {
+    if !matches!(x.device(), candle_core::Device::Cpu) {
         return Ok(None);
     }
-    x.contiguous()?.apply_op1_no_bwd(&LinearGegluOp { w: m, bias }).map(Some)
+    let bf16 = crate::kernels::bf16_copies_for(x.dtype());
+    let f32_blocks = fast_for(x.dtype()) && compute() == Compute::F32 && isa() == Isa::Avx2 && 4 * m.len <= GEGLU_F32_WEIGHT_MAX;
+    if !bf16 && !f32_blocks {
+        return Ok(None);
+    }
+    x.contiguous()?.apply_op1_no_bwd(&LinearGegluOp { w: m, bias, bf16 }).map(Some)
 }
+
+/// Largest f32 weight (bytes) whose GEGLU projection is made by blocks of rows under
+/// f32 compute: SD's 64x64 level (320 -> 2560, 3.3 MB), packed once per block and kept
+/// in L3 between them; the 32x32 and 16x16 levels' weights (13 and 52 MB) would come
+/// from memory once per block (1024 x 640 -> 5120 by blocks of 192 rows: 0.068 s
+/// against the two ops' 0.061), so they keep the two ops.
+const GEGLU_F32_WEIGHT_MAX: usize = 4 << 20;
+
+/// Rows per block of an f32 GEGLU projection: a 5 MB product block at 2560 wide, in
+/// L3 until the GEGLU reads it. `cargo run --release -p brume --example geglu_layer`
+/// (4096 x 320 -> 2560 with bias, alternated with the two ops in one process, Zen 3,
+/// two runs, time over the two ops' medians): blocks of 192 rows 0.85 / 0.77, 512 0.83
+/// / 0.80, 1024 0.86 / 0.88, 2048 0.88 / 0.92.
+const GEGLU_F32_ROWS: usize = 512;
 
 /// `x [rows, in]` times the transposed packed weight (expanded for the call).
 pub fn linear_packed(x: &Tensor, w: &super::packed::PackedWeight, bf16: bool) -> Result<Tensor> {
