@@ -179,6 +179,11 @@ fn cases() -> anyhow::Result<Vec<Case>> {
         ("conv3x3_640_64", 1, 640, 640, 64, 3),
         ("conv3x3_960_320_64", 1, 960, 320, 64, 3),
         ("conv3x3_640", 1, 640, 640, 32, 3),
+        // The other 32x32 maps: SD 1.5's and SDXS's 64x64 level at 256 px, the step up
+        // to 640 channels, SD 1.5's 960-channel concatenation.
+        ("conv3x3_320_32", 1, 320, 320, 32, 3),
+        ("conv3x3_320_640_32", 1, 320, 640, 32, 3),
+        ("conv3x3_960_640_32", 1, 960, 640, 32, 3),
         // Up-block shapes at 32x32: the upsampler's 1280 channels, a concatenated input.
         ("conv3x3_1280_32", 1, 1280, 1280, 32, 3),
         ("conv3x3_1920_640", 1, 1920, 640, 32, 3),

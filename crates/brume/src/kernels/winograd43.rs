@@ -58,25 +58,47 @@ pub(crate) fn scratch_bytes(d: Dims) -> usize {
 const MIN_TILES: usize = 256;
 const MIN_CHANNELS: usize = 256;
 const MAX_U_MATRIX: usize = 640 * 640;
+/// The same on AVX2, whose direct kernel (8 lanes, 16 registers) does less per
+/// multiplication than AVX-512's, so the 4x saving repays U over fewer tiles (a 32x32
+/// map) and a larger matrix: see [`wins_on`].
+const AVX2_MIN_TILES: usize = 64;
+const AVX2_MAX_U_MATRIX: usize = 960 * 640;
 /// Most bytes of transformed kernel held at once: U is made a transform row (six of
 /// its 36 matrices) at a time where the whole would pass this.
 const U_CHUNK: usize = 16 << 20;
 
-/// Whether the layers run `d` by F(4x4, 3x3): at least 256 tiles of 4x4 outputs (a
-/// 64x64 map) and 256..640 channels each way. U is made per call, so its cost must be
-/// spread over many tiles; each product streams one of U's matrices past a strip of
-/// tiles, so a matrix must stay in a core's L2 (2 MiB here; 640 x 640 is 1.6 MiB).
-/// Intel Xeon host, 2026-12-04, time against the direct kernel: `brume bench kernels
-/// --only conv3x3_` 320 -> 320 at 64x64 0.77-0.93; in whole models (`bench speed
-/// --modes fast --modes direct`, alternated in one process) the SD 1.5 UNet at 512 px
-/// 0.95 and its VAE decoder 0.79 with the 32x32 maps taken too, but the UNet at 256 px
-/// (32x32 maps only) 1.09 and SDXS at 512 px 1.04: 64 tiles do not repay U. Not taken
-/// either: 1280 -> 1280 and 1920 -> 640 at 32x32 (1.5-1.6x: 6.5 and 4.9 MiB matrices
-/// read from memory), 64 -> 64 at 256x256 (1.2-1.3x: the transforms' memory passes
-/// outweigh what so few channels save).
+/// Whether the layers run `d` by F(4x4, 3x3) on this CPU's kernels ([`super::isa`]).
 pub(crate) fn wins(d: Dims) -> bool {
+    wins_on(super::isa(), d)
+}
+
+/// Whether F(4x4, 3x3) beats the direct kernel for `d` on `isa`.
+///
+/// AVX-512 (and the portable path): at least 256 tiles of 4x4 outputs (a 64x64 map)
+/// and 256..640 channels each way. U is made per call, so its cost must be spread over
+/// many tiles; each product streams one of U's matrices past a strip of tiles, so a
+/// matrix must stay in a core's L2 (2 MiB there; 640 x 640 is 1.6 MiB). Intel Xeon
+/// host, 2026-12-04, time against the direct kernel: `brume bench kernels --only
+/// conv3x3_` 320 -> 320 at 64x64 0.77-0.93; in whole models (`bench speed --modes fast
+/// --modes direct`, alternated in one process) the SD 1.5 UNet at 512 px 0.95 and its
+/// VAE decoder 0.79 with the 32x32 maps taken too, but the UNet at 256 px (32x32 maps
+/// only) 1.09 and SDXS at 512 px 1.04: 64 tiles do not repay U. Not taken either:
+/// 1280 -> 1280 and 1920 -> 640 at 32x32 (1.5-1.6x: 6.5 and 4.9 MiB matrices read from
+/// memory), 64 -> 64 at 256x256 (1.2-1.3x: the transforms' memory passes outweigh what
+/// so few channels save).
+///
+/// AVX2 also takes the 32x32 maps (64 tiles) up to 960 x 640 channels. AMD EPYC Zen 3
+/// host, 2026-12-07, `brume bench kernels --python none --only _32` twice, F(4x4, 3x3)
+/// against the direct kernel at 32x32: 320 -> 320 0.71-0.76x the time, 320 -> 640
+/// 0.72-0.77, 640 -> 640 0.68, 960 -> 640 0.64-0.72; about level at 1280 -> 1280
+/// (0.95-1.10) and 1920 -> 640 (0.97), which stay direct; 64 -> 64 at 256x256 1.24x.
+pub(crate) fn wins_on(isa: Isa, d: Dims) -> bool {
     let tiles = d.batch * d.h.div_ceil(4) * d.w.div_ceil(4);
-    tiles >= MIN_TILES && d.in_ch.min(d.out_ch) >= MIN_CHANNELS && d.in_ch * d.out_ch <= MAX_U_MATRIX
+    let (min_tiles, max_u) = match isa {
+        Isa::Avx2 => (AVX2_MIN_TILES, AVX2_MAX_U_MATRIX),
+        _ => (MIN_TILES, MAX_U_MATRIX),
+    };
+    tiles >= min_tiles && d.in_ch.min(d.out_ch) >= MIN_CHANNELS && d.in_ch * d.out_ch <= max_u
 }
 
 /// `x` [b, c, h, w] with `w` [o, c, 3, 3], padding 1, by F(4x4, 3x3) whatever the
@@ -546,6 +568,32 @@ fn output_transform(m: &[f32], o: usize, k: usize, tiles: usize, h: usize, w: us
             let full = w / 4;
             for (j, x) in quads.into_remainder().iter_mut().enumerate() {
                 *x = [y0, y1, y2, y3][j][full];
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{wins_on, Dims, Isa};
+
+    /// The rule on the measured shapes, per ISA: AVX2 takes the 32x32 maps up to 960 x
+    /// 640 channels, AVX-512 and the portable path only the 64x64 ones.
+    #[test]
+    fn the_rule_takes_the_measured_shapes() {
+        let d = |c, o, side| Dims { batch: 1, in_ch: c, out_ch: o, h: side, w: side };
+        let everywhere = [d(320, 320, 64), d(640, 640, 64), d(960, 320, 64)];
+        let avx2_only = [d(320, 320, 32), d(320, 640, 32), d(640, 640, 32), d(960, 640, 32)];
+        let nowhere = [d(1280, 1280, 32), d(1920, 640, 32), d(1280, 1280, 16), d(64, 64, 256), d(128, 128, 64), Dims { batch: 0, ..d(640, 640, 64) }];
+        for isa in [Isa::Avx512, Isa::Avx2, Isa::Portable] {
+            for yes in everywhere {
+                assert!(wins_on(isa, yes), "{isa:?} {yes:?}");
+            }
+            for shape in avx2_only {
+                assert_eq!(wins_on(isa, shape), isa == Isa::Avx2, "{isa:?} {shape:?}");
+            }
+            for no in nowhere {
+                assert!(!wins_on(isa, no), "{isa:?} {no:?}");
             }
         }
     }
