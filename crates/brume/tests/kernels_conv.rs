@@ -93,6 +93,15 @@ const WINOGRAD_SHAPES: &[(usize, usize, usize, usize, usize)] = &[
     (1, 6, 7, 10, 14),
 ];
 
+/// Winograd F(4x4, 3x3) one strip of tiles at a time, on [`WINOGRAD_SHAPES`] and on
+/// maps several strips wide (a partial last strip, partial tiles at the edges, the
+/// tiny VAE's 64 channels), against candle's conv.
+#[test]
+fn winograd43_strips_many_shapes() {
+    check_conv3x3(brume::kernels::winograd43_strips::conv3x3_on, WINOGRAD_SHAPES, 37, 1e-5);
+    check_conv3x3(brume::kernels::winograd43_strips::conv3x3_on, &[(1, 64, 64, 40, 136), (2, 33, 35, 18, 70), (1, 64, 3, 64, 64)], 41, 2e-5);
+}
+
 /// Winograd F(2x2, 3x3) on [`WINOGRAD_SHAPES`].
 #[test]
 fn winograd_many_shapes() {

@@ -193,6 +193,8 @@ fn cases() -> anyhow::Result<Vec<Case>> {
         // The tiny VAE decoder's (TAESD) last levels: few channels, wide maps.
         ("conv3x3_64_256", 1, 64, 64, 256, 3),
         ("conv3x3_64_512", 1, 64, 64, 512, 3),
+        // The SD VAE decoder's last level.
+        ("conv3x3_128_512", 1, 128, 128, 512, 3),
     ] {
         let w = (rng.randn(&[o, c, k, k], &dev)? * (1.0 / ((c * k * k) as f64).sqrt()))?;
         let (pairs, wino) = if k == 3 && brume::kernels::conv3x3_bf16::supported() {

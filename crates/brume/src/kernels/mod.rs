@@ -27,6 +27,7 @@ pub mod peak;
 mod simd;
 pub mod winograd;
 pub mod winograd43;
+pub mod winograd43_strips;
 pub mod winograd_bf16;
 
 use std::sync::atomic::{AtomicU8, Ordering};

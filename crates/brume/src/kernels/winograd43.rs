@@ -49,6 +49,10 @@ fn u_rows_per_group(c: usize, o: usize) -> usize {
 /// Bytes a call allocates beyond its output: the transformed kernel it holds at once
 /// and one chunk's transformed input and products.
 pub(crate) fn scratch_bytes(d: Dims) -> usize {
+    let isa = super::isa();
+    if super::winograd43_strips::wins_on(isa, d) {
+        return super::winograd43_strips::scratch_bytes(isa, d);
+    }
     let p = plan(d.in_ch, d.out_ch, d.h, d.w);
     6 * u_rows_per_group(d.in_ch, d.out_ch) * d.in_ch * d.out_ch * 4 + 36 * 4 * (d.in_ch + d.out_ch) * p.tiles()
 }
@@ -91,14 +95,17 @@ pub(crate) fn wins(d: Dims) -> bool {
 /// host, 2026-12-07, `brume bench kernels --python none --only _32` twice, F(4x4, 3x3)
 /// against the direct kernel at 32x32: 320 -> 320 0.71-0.76x the time, 320 -> 640
 /// 0.72-0.77, 640 -> 640 0.68, 960 -> 640 0.64-0.72; about level at 1280 -> 1280
-/// (0.95-1.10) and 1920 -> 640 (0.97), which stay direct; 64 -> 64 at 256x256 1.24x.
+/// (0.95-1.10) and 1920 -> 640 (0.97), which stay direct. And AVX2 takes 32-128
+/// channels on maps from 128x128 one strip of tiles at a time
+/// ([`super::winograd43_strips`]), where this chunked schedule lost (64 -> 64 at
+/// 256x256 1.24x the direct kernel's time).
 pub(crate) fn wins_on(isa: Isa, d: Dims) -> bool {
     let tiles = d.batch * d.h.div_ceil(4) * d.w.div_ceil(4);
     let (min_tiles, max_u) = match isa {
         Isa::Avx2 => (AVX2_MIN_TILES, AVX2_MAX_U_MATRIX),
         _ => (MIN_TILES, MAX_U_MATRIX),
     };
-    tiles >= min_tiles && d.in_ch.min(d.out_ch) >= MIN_CHANNELS && d.in_ch * d.out_ch <= max_u
+    (tiles >= min_tiles && d.in_ch.min(d.out_ch) >= MIN_CHANNELS && d.in_ch * d.out_ch <= max_u) || super::winograd43_strips::wins_on(isa, d)
 }
 
 /// `x` [b, c, h, w] with `w` [o, c, 3, 3], padding 1, by F(4x4, 3x3) whatever the
@@ -122,12 +129,16 @@ pub(crate) fn run(isa: Isa, x: &[f32], d: Dims, weights: &[f32], out: &mut [f32]
     if !work {
         return Ok(());
     }
-    run_on(isa, x, d, weights, out, up);
+    if super::winograd43_strips::wins_on(isa, d) {
+        super::winograd43_strips::run_on(isa, x, d, weights, out, up);
+    } else {
+        run_on(isa, x, d, weights, out, up);
+    }
     Ok(())
 }
 
 /// Columns of V per product strip on `isa`: 4 vectors on AVX-512, else 2.
-fn strip_width(isa: Isa) -> usize {
+pub(super) fn strip_width(isa: Isa) -> usize {
     match isa {
         Isa::Avx512 => 4 * isa.lanes(),
         _ => 2 * isa.lanes(),
@@ -215,7 +226,7 @@ fn run_on(isa: Isa, x: &[f32], d: Dims, weights: &[f32], out: &mut [f32], up: bo
 }
 
 /// Rows `rows` of U (ξ = 6 i + j for i in `rows`), [ξ][o][c], into `u` (replaced).
-fn make_u(isa: Isa, weights: &[f32], c: usize, o: usize, rows: std::ops::Range<usize>, u: &mut Vec<f32>) {
+pub(super) fn make_u(isa: Isa, weights: &[f32], c: usize, o: usize, rows: std::ops::Range<usize>, u: &mut Vec<f32>) {
     let n = 6 * rows.len() * o * c;
     u.clear();
     u.reserve(n);
@@ -261,7 +272,7 @@ unsafe fn kernel_rows_avx2(wk: &[f32], taps: &mut [f32], c: usize, rows: std::op
 /// compiler's vectorizer, and a closure (as rayon runs them) gets only the baseline
 /// instruction set (SSE2) unless it is inlined into a `target_feature` function.
 #[inline(always)]
-fn on_isa<R>(isa: Isa, f: impl FnOnce() -> R) -> R {
+pub(super) fn on_isa<R>(isa: Isa, f: impl FnOnce() -> R) -> R {
     match isa {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `isa` was confirmed (`require`) before any task ran.
@@ -287,18 +298,18 @@ unsafe fn with_avx2<R>(f: impl FnOnce() -> R) -> R {
 
 /// One product's share: all `o` rows of `U[ξ]` ([o, c]) against one strip of V
 /// (c rows of the strip width).
-struct Product<'a> {
-    a: &'a [f32],
-    strip: &'a [f32],
-    o: usize,
-    c: usize,
+pub(super) struct Product<'a> {
+    pub(super) a: &'a [f32],
+    pub(super) strip: &'a [f32],
+    pub(super) o: usize,
+    pub(super) c: usize,
 }
 
 impl Product<'_> {
     /// Writes `o` rows of `width` products at `dst`, rows `ld` apart.
     ///
     /// SAFETY: the CPU runs `isa`; `dst` holds those rows and no one else writes them.
-    unsafe fn run(&self, isa: Isa, dst: *mut f32, ld: usize, width: usize) {
+    pub(super) unsafe fn run(&self, isa: Isa, dst: *mut f32, ld: usize, width: usize) {
         unsafe {
             match isa {
                 #[cfg(target_arch = "x86_64")]
@@ -578,13 +589,15 @@ mod tests {
     use super::{wins_on, Dims, Isa};
 
     /// The rule on the measured shapes, per ISA: AVX2 takes the 32x32 maps up to 960 x
-    /// 640 channels, AVX-512 and the portable path only the 64x64 ones.
+    /// 640 channels and 32-128 channels on maps from 128x128, AVX-512 and the portable
+    /// path only 256-640 channels at 64x64 and up.
     #[test]
     fn the_rule_takes_the_measured_shapes() {
         let d = |c, o, side| Dims { batch: 1, in_ch: c, out_ch: o, h: side, w: side };
         let everywhere = [d(320, 320, 64), d(640, 640, 64), d(960, 320, 64)];
-        let avx2_only = [d(320, 320, 32), d(320, 640, 32), d(640, 640, 32), d(960, 640, 32)];
-        let nowhere = [d(1280, 1280, 32), d(1920, 640, 32), d(1280, 1280, 16), d(64, 64, 256), d(128, 128, 64), Dims { batch: 0, ..d(640, 640, 64) }];
+        // The 32x32 maps, and few channels on large maps (in strips: winograd43_strips).
+        let avx2_only = [d(320, 320, 32), d(320, 640, 32), d(640, 640, 32), d(960, 640, 32), d(64, 64, 256), d(64, 64, 128), d(128, 128, 512)];
+        let nowhere = [d(1280, 1280, 32), d(1920, 640, 32), d(1280, 1280, 16), d(128, 128, 64), d(64, 3, 512), d(16, 16, 512), Dims { batch: 0, ..d(640, 640, 64) }];
         for isa in [Isa::Avx512, Isa::Avx2, Isa::Portable] {
             for yes in everywhere {
                 assert!(wins_on(isa, yes), "{isa:?} {yes:?}");

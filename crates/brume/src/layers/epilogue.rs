@@ -287,14 +287,15 @@ mod tests {
     /// A conv over the nearest 2x upsampling of its input, read in place, gives what
     /// the conv of the formed upsampled map gives, to the bit: rows a multiple of 64
     /// wide (4-vector blocks), other widths, maps that take the flat layout (formed
-    /// there), one that takes Winograd F(4x4, 3x3) (256 channels at 64x64), batches,
+    /// there), two that take Winograd F(4x4, 3x3) (256 channels at 64x64; on AVX2, 64
+    /// channels at 128x144 in strips), batches,
     /// f16-expanded weights, and with a fused residual and ReLU.
     #[test]
     fn upsampled_conv_equals_the_conv_of_the_upsampled_map() {
         let dev = Device::Cpu;
         let mut rng = crate::samplers::Rng::new(12);
         // (in, out, batch, h, w) of the half-size input.
-        let cases = [(6, 8, 1, 32, 32), (5, 7, 2, 12, 24), (16, 13, 2, 4, 5), (3, 4, 1, 9, 40), (256, 256, 1, 32, 32)];
+        let cases = [(6, 8, 1, 32, 32), (5, 7, 2, 12, 24), (16, 13, 2, 4, 5), (3, 4, 1, 9, 40), (256, 256, 1, 32, 32), (64, 64, 2, 64, 72)];
         let kernels: Vec<_> = cases.iter().map(|&(c, o, ..)| (c, o, 3)).collect();
         let (_dir, store) = store_of(&kernels, &mut rng);
         let loader = store.loader("test", &dev, DType::F32);
