@@ -10,6 +10,48 @@
 //! [`KernelMode`] switch sends everything back to the plain candle path, which is
 //! how `--kernels reference` checks a result or a timing against candle.
 
+/// Defines `unsafe fn $name(isa: Isa, args..)` that runs `$body` compiled for `isa`'s
+/// vectors: inside `target_feature` functions for AVX-512 and AVX2, else as is. For
+/// plain loops left to the compiler's vectorizer: a closure handed to such a function
+/// is compiled on its own, for the baseline instruction set (SSE2), and was not inlined
+/// (the Winograd transforms ran without AVX that way). The caller promises `isa` runs
+/// on this CPU.
+macro_rules! on_isa_fn {
+    ($(#[$m:meta])* $vis:vis unsafe fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $body:block) => {
+        $(#[$m])*
+        #[allow(clippy::too_many_arguments)]
+        $vis unsafe fn $name(isa: $crate::kernels::Isa, $($arg: $ty),*) {
+            #[inline(always)]
+            #[allow(clippy::too_many_arguments)]
+            unsafe fn body($($arg: $ty),*) $body
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "avx512f,fma")]
+            #[allow(clippy::too_many_arguments)]
+            unsafe fn avx512($($arg: $ty),*) {
+                // SAFETY: forwarded from the caller.
+                unsafe { body($($arg),*) }
+            }
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "avx2,fma")]
+            #[allow(clippy::too_many_arguments)]
+            unsafe fn avx2($($arg: $ty),*) {
+                // SAFETY: forwarded from the caller.
+                unsafe { body($($arg),*) }
+            }
+            // SAFETY: the caller's contract: `isa` runs on this CPU.
+            unsafe {
+                match isa {
+                    #[cfg(target_arch = "x86_64")]
+                    $crate::kernels::Isa::Avx512 => avx512($($arg),*),
+                    #[cfg(target_arch = "x86_64")]
+                    $crate::kernels::Isa::Avx2 => avx2($($arg),*),
+                    _ => body($($arg),*),
+                }
+            }
+        }
+    };
+}
+
 pub mod amx;
 pub mod attention_amx;
 pub mod attention_bf16;

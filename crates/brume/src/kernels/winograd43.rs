@@ -175,22 +175,8 @@ fn run_on(isa: Isa, x: &[f32], d: Dims, weights: &[f32], out: &mut [f32], up: bo
             let vshare = SharedMut(v.as_mut_ptr());
             img.par_chunks(plane_len).enumerate().for_each_init(
                 || (Phases::new(p.tw), vec![0f32; 36 * tiles]),
-                |(ph, rows), (ci, plane)| on_isa(isa, || {
-                    // SAFETY: rows holds 36 rows of `tiles` values.
-                    unsafe { input_transform(plane, h, w, up, p.tw, ty0..ty1, ph, rows.as_mut_ptr(), tiles) };
-                    for (xi, row) in rows[..36 * tiles].chunks_exact(tiles).enumerate() {
-                        for s in 0..strips {
-                            let run = &row[s * nr..((s + 1) * nr).min(tiles)];
-                            // SAFETY: channel ci writes only its row of each strip, V[ξ][s][ci][..nr],
-                            // inside v's capacity (36 strips c nr values).
-                            unsafe {
-                                let at = vshare.get().add(((xi * strips + s) * c + ci) * nr);
-                                std::ptr::copy_nonoverlapping(run.as_ptr(), at, run.len());
-                                std::ptr::write_bytes(at.add(run.len()), 0, nr - run.len());
-                            }
-                        }
-                    }
-                }),
+                // SAFETY: channel ci writes only its rows of V's strips; `isa` was confirmed.
+                |(ph, rows), (ci, plane)| unsafe { input_to_strips(isa, plane, h, w, up, p.tw, ty0..ty1, ph, rows, tiles, strips, c, ci, nr, vshare.get()) },
             );
             // SAFETY: the tasks above wrote V's first 36 strips c nr values.
             unsafe { v.set_len(v.len().max(36 * strips * c * nr)) };
@@ -219,7 +205,8 @@ fn run_on(isa: Isa, x: &[f32], d: Dims, weights: &[f32], out: &mut [f32], up: bo
             let m = &m[..36 * o * tiles];
             dst.par_chunks_mut(h * w).enumerate().for_each_init(
                 || Phases::new(p.tw),
-                |z, (k, plane)| on_isa(isa, || output_transform(m, o, k, tiles, h, w, p.tw, ty0..ty1, z, plane)),
+                // SAFETY: `isa` was confirmed.
+                |z, (k, plane)| unsafe { output_on(isa, m, o, k, tiles, h, w, p.tw, ty0..ty1, z, plane) },
             );
         }
     }
@@ -268,32 +255,36 @@ unsafe fn kernel_rows_avx2(wk: &[f32], taps: &mut [f32], c: usize, rows: std::op
     unsafe { kernel_rows::<super::simd::Avx2>(wk, taps, c, rows, row) }
 }
 
-/// Runs `f` compiled for `isa`'s vectors. The transforms are plain loops left to the
-/// compiler's vectorizer, and a closure (as rayon runs them) gets only the baseline
-/// instruction set (SSE2) unless it is inlined into a `target_feature` function.
-#[inline(always)]
-pub(super) fn on_isa<R>(isa: Isa, f: impl FnOnce() -> R) -> R {
-    match isa {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: `isa` was confirmed (`require`) before any task ran.
-        Isa::Avx512 => unsafe { with_avx512(f) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: as above.
-        Isa::Avx2 => unsafe { with_avx2(f) },
-        _ => f(),
+on_isa_fn! {
+    /// Channel `ci`'s transformed input for the chunk's tile rows `tys` ([`input_transform`]
+    /// into `rows`, 36 rows of `tiles` values), copied into its row of each of V's strips
+    /// (V [36][strips][c][nr] at `v`; padding lanes past the last tile zeroed).
+    ///
+    /// SAFETY: the CPU runs `isa`; `v` holds V, whose rows for channel ci no one else writes.
+    unsafe fn input_to_strips(plane: &[f32], h: usize, w: usize, up: bool, tw: usize, tys: std::ops::Range<usize>, ph: &mut Phases, rows: &mut [f32], tiles: usize, strips: usize, c: usize, ci: usize, nr: usize, v: *mut f32) {
+        // SAFETY: rows holds 36 rows of `tiles` values.
+        unsafe { input_transform(plane, h, w, up, tw, tys, ph, rows.as_mut_ptr(), tiles) };
+        for (xi, row) in rows[..36 * tiles].chunks_exact(tiles).enumerate() {
+            for s in 0..strips {
+                let run = &row[s * nr..((s + 1) * nr).min(tiles)];
+                // SAFETY: V[ξ][s][ci][..nr] lies inside V (the caller's contract).
+                unsafe {
+                    let at = v.add(((xi * strips + s) * c + ci) * nr);
+                    std::ptr::copy_nonoverlapping(run.as_ptr(), at, run.len());
+                    std::ptr::write_bytes(at.add(run.len()), 0, nr - run.len());
+                }
+            }
+        }
     }
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,fma")]
-unsafe fn with_avx512<R>(f: impl FnOnce() -> R) -> R {
-    f()
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn with_avx2<R>(f: impl FnOnce() -> R) -> R {
-    f()
+on_isa_fn! {
+    /// [`output_transform`] compiled for `isa`.
+    ///
+    /// SAFETY: the CPU runs `isa`.
+    unsafe fn output_on(m: &[f32], o: usize, k: usize, tiles: usize, h: usize, w: usize, tw: usize, tys: std::ops::Range<usize>, z: &mut Phases, plane: &mut [f32]) {
+        output_transform(m, o, k, tiles, h, w, tw, tys, z, plane)
+    }
 }
 
 /// One product's share: all `o` rows of `U[ξ]` ([o, c]) against one strip of V
@@ -472,6 +463,7 @@ fn at(m: [f32; 6]) -> [f32; 4] {
 ///
 /// SAFETY: `vc + ξ * stride` holds `tys.len() * tw` values for every ξ < 36, written
 /// by no one else meanwhile.
+#[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn input_transform(plane: &[f32], h: usize, w: usize, up: bool, tw: usize, tys: std::ops::Range<usize>, rows: &mut Phases, vc: *mut f32, stride: usize) {
     for (ri, ty) in tys.enumerate() {
@@ -537,6 +529,8 @@ unsafe fn input_transform(plane: &[f32], h: usize, w: usize, up: bool, tw: usize
 
 /// `Aᵀ M A` for every tile of rows `tys`, output channel k, into its plane; `m` is
 /// [36][o][tiles]; `z` is scratch (its first four phases of each row hold the across-sums).
+/// Inlined into [`output_on`], so compiled for its instruction set.
+#[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn output_transform(m: &[f32], o: usize, k: usize, tiles: usize, h: usize, w: usize, tw: usize, tys: std::ops::Range<usize>, z: &mut Phases, plane: &mut [f32]) {
     let row = |xi: usize, ri: usize| &m[(xi * o + k) * tiles + ri * tw..][..tw];

@@ -109,84 +109,33 @@ fn padded(len: usize) -> usize {
     len + 16
 }
 
-/// The transformed input of one task's strip (tiles tx0.. of tile row ty) for every
-/// channel plane of `img`, into V [36][c][nr] (ξ `vs` apart), compiled for `isa`'s vectors (a plain
-/// function or closure would get only the baseline instruction set).
-///
-/// SAFETY: the CPU runs `isa`.
-#[allow(clippy::too_many_arguments)]
-unsafe fn inputs(isa: Isa, img: &[f32], plane_len: usize, h: usize, w: usize, up: bool, ty: usize, tx0: usize, nr: usize, vs: usize, v: &mut [f32]) {
-    #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    fn all(img: &[f32], plane_len: usize, h: usize, w: usize, up: bool, ty: usize, tx0: usize, nr: usize, vs: usize, v: &mut [f32]) {
+on_isa_fn! {
+    /// The transformed input of one task's strip (tiles tx0.. of tile row ty) for every
+    /// channel plane of `img`, into V [36][c][nr] (ξ `vs` apart).
+    ///
+    /// SAFETY: the CPU runs `isa`.
+    unsafe fn inputs(img: &[f32], plane_len: usize, h: usize, w: usize, up: bool, ty: usize, tx0: usize, nr: usize, vs: usize, v: &mut [f32]) {
         for (ci, plane) in img.chunks_exact(plane_len).enumerate() {
             for g0 in (0..nr).step_by(G) {
                 input_group(plane, h, w, up, ty, tx0 + g0, v, ci * nr + g0, vs);
             }
         }
     }
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f,fma")]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn avx512(img: &[f32], plane_len: usize, h: usize, w: usize, up: bool, ty: usize, tx0: usize, nr: usize, vs: usize, v: &mut [f32]) {
-        all(img, plane_len, h, w, up, ty, tx0, nr, vs, v)
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma")]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn avx2(img: &[f32], plane_len: usize, h: usize, w: usize, up: bool, ty: usize, tx0: usize, nr: usize, vs: usize, v: &mut [f32]) {
-        all(img, plane_len, h, w, up, ty, tx0, nr, vs, v)
-    }
-    // SAFETY: the caller's contract.
-    unsafe {
-        match isa {
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => avx512(img, plane_len, h, w, up, ty, tx0, nr, vs, v),
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => avx2(img, plane_len, h, w, up, ty, tx0, nr, vs, v),
-            _ => all(img, plane_len, h, w, up, ty, tx0, nr, vs, v),
-        }
-    }
 }
 
-/// The outputs of one task's strip from its products M [36][o][nr] (ξ `ms` apart), for the first
-/// `live` tiles, into image `out`'s o planes of h x w, compiled for `isa`.
-///
-/// SAFETY: the CPU runs `isa`; `out` holds o planes of h x w values, of which no one
-/// else writes these tiles' meanwhile.
-#[allow(clippy::too_many_arguments)]
-unsafe fn outputs(isa: Isa, m: &[f32], o: usize, nr: usize, ms: usize, h: usize, w: usize, ty: usize, tx0: usize, live: usize, out: *mut f32) {
-    #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn all(m: &[f32], o: usize, nr: usize, ms: usize, h: usize, w: usize, ty: usize, tx0: usize, live: usize, out: *mut f32) {
+on_isa_fn! {
+    /// The outputs of one task's strip from its products M [36][o][nr] (ξ `ms` apart),
+    /// for the first `live` tiles, into image `out`'s o planes of h x w.
+    ///
+    /// SAFETY: the CPU runs `isa`; `out` holds o planes of h x w values, of which no one
+    /// else writes these tiles' meanwhile.
+    unsafe fn outputs(m: &[f32], o: usize, nr: usize, ms: usize, h: usize, w: usize, ty: usize, tx0: usize, live: usize, out: *mut f32) {
         for k in 0..o {
             // SAFETY: plane k lies in `out` (the caller's contract).
             let plane = unsafe { std::slice::from_raw_parts_mut(out.add(k * h * w), h * w) };
             for g0 in (0..live).step_by(G) {
                 output_group(m, ms, k, nr, g0, h, w, ty, tx0 + g0, plane);
             }
-        }
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx512f,fma")]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn avx512(m: &[f32], o: usize, nr: usize, ms: usize, h: usize, w: usize, ty: usize, tx0: usize, live: usize, out: *mut f32) {
-        unsafe { all(m, o, nr, ms, h, w, ty, tx0, live, out) }
-    }
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2,fma")]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn avx2(m: &[f32], o: usize, nr: usize, ms: usize, h: usize, w: usize, ty: usize, tx0: usize, live: usize, out: *mut f32) {
-        unsafe { all(m, o, nr, ms, h, w, ty, tx0, live, out) }
-    }
-    // SAFETY: the caller's contract.
-    unsafe {
-        match isa {
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => avx512(m, o, nr, ms, h, w, ty, tx0, live, out),
-            #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => avx2(m, o, nr, ms, h, w, ty, tx0, live, out),
-            _ => all(m, o, nr, ms, h, w, ty, tx0, live, out),
         }
     }
 }
