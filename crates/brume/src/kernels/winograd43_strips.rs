@@ -131,10 +131,10 @@ on_isa_fn! {
     /// else writes these tiles' meanwhile.
     unsafe fn outputs(m: &[f32], o: usize, nr: usize, ms: usize, h: usize, w: usize, ty: usize, tx0: usize, live: usize, out: *mut f32) {
         for k in 0..o {
-            // SAFETY: plane k lies in `out` (the caller's contract).
-            let plane = unsafe { std::slice::from_raw_parts_mut(out.add(k * h * w), h * w) };
             for g0 in (0..live).step_by(G) {
-                output_group(m, ms, k, nr, g0, h, w, ty, tx0 + g0, plane);
+                // SAFETY: plane k lies in `out`, and these tiles' outputs are this task's
+                // alone (the caller's contract).
+                unsafe { output_group(m, ms, k, nr, g0, h, w, ty, tx0 + g0, out.add(k * h * w)) };
             }
         }
     }
@@ -191,10 +191,12 @@ fn input_group(plane: &[f32], h: usize, w: usize, up: bool, ty: usize, t0: usize
 
 /// `Aᵀ M A` for output channel `k` of the G tiles from strip position `g0` (tile
 /// `t0` of row `ty`), M being [36][o][nr]; writes their 4x4 outputs inside the map.
+/// Only those outputs are borrowed: other tasks write the rest of the plane meanwhile.
 ///
+/// SAFETY: `plane` holds h x w values, of which no one else touches these tiles' outputs.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-fn output_group(m: &[f32], ms: usize, k: usize, nr: usize, g0: usize, h: usize, w: usize, ty: usize, t0: usize, plane: &mut [f32]) {
+unsafe fn output_group(m: &[f32], ms: usize, k: usize, nr: usize, g0: usize, h: usize, w: usize, ty: usize, t0: usize, plane: *mut f32) {
     // Across each patch row s (six products to four columns), then down each column q.
     let mut z = [[[0f32; G]; 4]; 6];
     for (s, zs) in z.iter_mut().enumerate() {
@@ -223,7 +225,8 @@ fn output_group(m: &[f32], ms: usize, k: usize, nr: usize, g0: usize, h: usize, 
                 row[4 * i + q] = ys[q][r][i];
             }
         }
-        plane[oy * w + x0..oy * w + x0 + n].copy_from_slice(&row[..n]);
+        // SAFETY: row oy < h, columns x0..x0 + n <= w: inside the plane, and this group's.
+        unsafe { std::slice::from_raw_parts_mut(plane.add(oy * w + x0), n) }.copy_from_slice(&row[..n]);
     }
 }
 
