@@ -53,7 +53,7 @@ pub(crate) fn wins_on(isa: Isa, d: Dims) -> bool {
 /// transformed input and products.
 pub(crate) fn scratch_bytes(isa: Isa, d: Dims) -> usize {
     let nr = strip_width(isa);
-    36 * d.in_ch * d.out_ch * 4 + rayon::current_num_threads() * 36 * (d.in_ch + d.out_ch) * nr * 4
+    36 * d.in_ch * d.out_ch * 4 + rayon::current_num_threads() * 36 * (padded(d.in_ch * nr) + padded(d.out_ch * nr)) * 4
 }
 
 /// `x` [b, c, h, w] with `w` [o, c, 3, 3], padding 1, by F(4x4, 3x3) in strips
@@ -230,33 +230,28 @@ unsafe fn output_group(m: &[f32], ms: usize, k: usize, nr: usize, g0: usize, h: 
     }
 }
 
-/// `Bᵀ d` on G tiles at once (see [`super::winograd43`]'s scalar form).
+/// `Bᵀ d` on G tiles at once: [`super::winograd43`]'s transform, tile by tile.
 #[inline(always)]
 fn bt(d: [[f32; G]; 6]) -> [[f32; G]; 6] {
     let mut t = [[0f32; G]; 6];
     for i in 0..G {
-        let (d0, d1, d2, d3, d4, d5) = (d[0][i], d[1][i], d[2][i], d[3][i], d[4][i], d[5][i]);
-        t[0][i] = 4.0 * d0 - 5.0 * d2 + d4;
-        t[1][i] = -4.0 * (d1 + d2) + d3 + d4;
-        t[2][i] = 4.0 * (d1 - d2) - d3 + d4;
-        t[3][i] = -2.0 * (d1 - d3) - d2 + d4;
-        t[4][i] = 2.0 * (d1 - d3) - d2 + d4;
-        t[5][i] = 4.0 * d1 - 5.0 * d3 + d5;
+        let col = super::winograd43::bt([d[0][i], d[1][i], d[2][i], d[3][i], d[4][i], d[5][i]]);
+        for (tr, v) in t.iter_mut().zip(col) {
+            tr[i] = v;
+        }
     }
     t
 }
 
-/// `Aᵀ m`, six values to four, on G tiles at once.
+/// `Aᵀ m`, six values to four, on G tiles at once: [`super::winograd43`]'s transform.
 #[inline(always)]
 fn at(m: [[f32; G]; 6]) -> [[f32; G]; 4] {
     let mut y = [[0f32; G]; 4];
     for i in 0..G {
-        let (m0, m1, m2, m3, m4, m5) = (m[0][i], m[1][i], m[2][i], m[3][i], m[4][i], m[5][i]);
-        let (s12, d12, s34, d34) = (m1 + m2, m1 - m2, m3 + m4, m3 - m4);
-        y[0][i] = m0 + s12 + s34;
-        y[1][i] = d12 + 2.0 * d34;
-        y[2][i] = s12 + 4.0 * s34;
-        y[3][i] = d12 + 8.0 * d34 + m5;
+        let col = super::winograd43::at([m[0][i], m[1][i], m[2][i], m[3][i], m[4][i], m[5][i]]);
+        for (yr, v) in y.iter_mut().zip(col) {
+            yr[i] = v;
+        }
     }
     y
 }
