@@ -233,22 +233,21 @@ unsafe fn output_group(m: &[f32], ms: usize, k: usize, nr: usize, g0: usize, h: 
 /// `Bᵀ d` on G tiles at once: [`super::winograd43`]'s transform, tile by tile.
 #[inline(always)]
 fn bt(d: [[f32; G]; 6]) -> [[f32; G]; 6] {
-    let mut t = [[0f32; G]; 6];
-    for i in 0..G {
-        let col = super::winograd43::bt([d[0][i], d[1][i], d[2][i], d[3][i], d[4][i], d[5][i]]);
-        for (tr, v) in t.iter_mut().zip(col) {
-            tr[i] = v;
-        }
-    }
-    t
+    per_tile(d, super::winograd43::bt)
 }
 
 /// `Aᵀ m`, six values to four, on G tiles at once: [`super::winograd43`]'s transform.
 #[inline(always)]
 fn at(m: [[f32; G]; 6]) -> [[f32; G]; 4] {
-    let mut y = [[0f32; G]; 4];
+    per_tile(m, super::winograd43::at)
+}
+
+/// `f` (six values to N) on each of G tiles: tile i's values are `x[..][i]`.
+#[inline(always)]
+fn per_tile<const N: usize>(x: [[f32; G]; 6], f: impl Fn([f32; 6]) -> [f32; N]) -> [[f32; G]; N] {
+    let mut y = [[0f32; G]; N];
     for i in 0..G {
-        let col = super::winograd43::at([m[0][i], m[1][i], m[2][i], m[3][i], m[4][i], m[5][i]]);
+        let col = f([x[0][i], x[1][i], x[2][i], x[3][i], x[4][i], x[5][i]]);
         for (yr, v) in y.iter_mut().zip(col) {
             yr[i] = v;
         }
