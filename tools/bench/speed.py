@@ -1,4 +1,4 @@
-"""The peers' side of `brume bench speed`: PyTorch, ONNX Runtime and OpenVINO.
+"""The peers' side of `brume bench speed`: PyTorch, ONNX Runtime, OpenVINO and stable-diffusion.cpp.
 
 Started by the benchmark with a work folder; it then sends one JSON request per line
 on stdin and reads one JSON answer per line on stdout:
@@ -7,7 +7,8 @@ on stdin and reads one JSON answer per line on stdout:
    "model": DIR, "subfolder": S, "inputs": [[file, shape, dtype], ...], "variants": [...],
    "steps": n, "guidance": g}   (steps and guidance: for "image", whose inputs are the
                                  prompt's ids, the empty prompt's ids and the initial noise)
-      -> {"variants": [...ready...], "skipped": {variant: why}, "flops": F, "precision": {variant: what ran}}
+      -> {"variants": [...ready...], "skipped": {variant: why}, "flops": F, "precision": {variant: what ran},
+          "no_output": {variant: why}}   (variants whose output cannot be compared: see SdCpp)
   {"cmd": "run", "name": N, "variant": V}  -> {"s": seconds}
   {"cmd": "unload", "name": N}             -> {}
   {"cmd": "quit"}
@@ -17,10 +18,18 @@ folder brume loads, on the inputs brume wrote (raw little-endian files). The fir
 of each variant writes its output to <work>/<name>.<variant>.f32 so brume can measure
 its error against PyTorch f32. A variant that cannot be built here (a missing package,
 an exporter failure) is reported as skipped with the reason, never silently dropped.
+
+stable-diffusion.cpp (PyPI's stable-diffusion-cpp-python, which builds it for this CPU) is
+the exception: it loads the same diffusers folder, but it only runs whole generations
+from its own noise, so its output is not comparable and each component's time is the
+one sd.cpp itself logs for that stage of a generation (see SdCpp).
 """
 
+import ctypes
 import gc
 import json
+import os
+import re
 import sys
 import time
 import traceback
@@ -29,12 +38,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-VARIANTS = ["torch-f32", "torch-bf16", "onnxruntime-f32", "openvino-f32", "openvino-bf16"]
+VARIANTS = ["torch-f32", "torch-bf16", "onnxruntime-f32", "openvino-f32", "openvino-bf16", "sdcpp-f32", "sdcpp-f16", "sdcpp-q8_0"]
+
+# The protocol's channel: the original stdout, kept apart from fd 1, which is pointed at
+# stderr so that nothing a library prints (sd.cpp's binding prints to stdout) can
+# interleave with an answer.
+PROTOCOL = os.fdopen(os.dup(1), "w")
+os.dup2(2, 1)
 
 
 def answer(obj):
-    sys.stdout.write(json.dumps(obj) + "\n")
-    sys.stdout.flush()
+    PROTOCOL.write(json.dumps(obj) + "\n")
+    PROTOCOL.flush()
 
 
 class Wrap(torch.nn.Module):
@@ -144,6 +159,103 @@ def compile_module(variant, module, example, work, name, threads, cache):
     raise ValueError(f"unknown variant {variant}")
 
 
+class SdCpp:
+    """stable-diffusion.cpp as a peer: `sdcpp-<wtype>` loads the component's model folder
+    (its diffusers layout; a tiny VAE folder through `taesd_path`) with weights of that
+    type, computed the ggml way (f32 activations; f16 and q8_0 weights go through ggml's
+    f16 / 8-bit dot products), with flash attention on (its direct-convolution options
+    ran level with its default im2col path on the Zen 3 host: the SDXS UNet at 512 px
+    took 7.8-9.0 s all four ways, with and without each).
+
+    It has no entry point per component: every run is a whole generation, and a
+    component's time is what sd.cpp logs for its stage of it (the text encoder's
+    forward, to the ms; the sampling of one step and the decode, to 10 ms). A
+    component's generation is shaped to run that stage as brume's row does: the UNet's
+    batch of 2 as one guided step (sd.cpp runs the branches one after the other), 1 as
+    one unguided step; images at the latents' size x 8. Its initial noise is its own (it
+    takes no latents), so its output is not compared (error "n/a")."""
+
+    # What sd.cpp logs once each stage is done ("<what> completed, taking 1.23s" or
+    # "... 850 ms"): the text encoder's forward (its own line, in ms), the sampling of
+    # the one step, the decode.
+    STAGE = {
+        "unet": "sampling",
+        "vae_decoder": "decode_first_stage",
+        "tiny_decoder": "decode_first_stage",
+        "text_encoder": "computing condition graph",
+    }
+    LOG = []
+
+    @staticmethod
+    def spare_taesd(work):
+        """A random tiny VAE decoder (diffusers' AutoencoderTiny, TAESD's shape) for the
+        runs that time the text encoder or the UNet: sd.cpp decodes every generation, and
+        with a KL decoder at 512 px that decode alone takes several times the UNet's step."""
+        path = work / "sdcpp-spare-taesd.safetensors"
+        if not path.exists():
+            from diffusers import AutoencoderTiny
+            from safetensors.torch import save_file
+
+            torch.manual_seed(0)
+            tmp = path.with_name(path.name + ".tmp")
+            save_file({k: v.contiguous() for k, v in AutoencoderTiny().state_dict().items()}, str(tmp))
+            tmp.replace(path)
+        return str(path)
+
+    def __init__(self, variant, kind, model, inputs, work, threads, steps=1, guidance=0.0):
+        import stable_diffusion_cpp as sdc
+
+        if not getattr(SdCpp, "hooked", False):
+            # One process-wide log sink: the stage times are read from it.
+            SdCpp.callback = sdc.sd_log_callback(lambda level, text, data: SdCpp.LOG.append(text.decode("utf-8", "replace")))
+            sdc.sd_set_log_callback(SdCpp.callback, ctypes.c_void_p(0))
+            SdCpp.hooked = True
+        self.kind = kind
+        wtype = variant.split("-", 1)[1]
+        vae_config = Path(model) / "vae" / "config.json"
+        tiny = vae_config.exists() and json.loads(vae_config.read_text())["_class_name"] == "AutoencoderTiny"
+        if tiny:
+            taesd = str(Path(model) / "vae" / "diffusion_pytorch_model.safetensors")
+        elif kind in ("unet", "text_encoder"):
+            taesd = SdCpp.spare_taesd(work)
+        else:
+            taesd = ""
+        self.sd = sdc.StableDiffusion(model_path=str(model), taesd_path=taesd, n_threads=threads, wtype=wtype,
+                                      flash_attn=True, verbose=True)
+        self.what = "f32" if wtype == "f32" else f"w-{wtype}"
+        self.gen = dict(prompt="a photograph of an astronaut riding a horse", seed=42, sample_method="euler")
+        if kind == "image":
+            noise = inputs[2]
+            self.gen.update(width=noise.shape[-1] * 8, height=noise.shape[-2] * 8, sample_steps=steps,
+                            cfg_scale=guidance if guidance > 1.0 else 1.0)
+        elif kind == "unet":
+            sample = inputs[0]
+            self.gen.update(width=sample.shape[-1] * 8, height=sample.shape[-2] * 8, sample_steps=1,
+                            cfg_scale=7.5 if sample.shape[0] == 2 else 1.0)
+        elif kind in ("vae_decoder", "tiny_decoder"):
+            latents = inputs[0]
+            self.gen.update(width=latents.shape[-1] * 8, height=latents.shape[-2] * 8, sample_steps=1, cfg_scale=1.0)
+        else:  # the text encoder: the smallest image its UNet takes
+            self.gen.update(width=64, height=64, sample_steps=1, cfg_scale=1.0)
+
+    def run(self):
+        """Seconds: the whole generation's for an image, else the component's stage's."""
+        SdCpp.LOG.clear()
+        t = time.perf_counter()
+        self.sd.generate_image(**self.gen)
+        wall = time.perf_counter() - t
+        if self.kind == "image":
+            return wall
+        stage = SdCpp.STAGE[self.kind]
+        done = re.search(re.escape(stage) + r" completed, taking ([0-9.]+) ?(ms|s)\b", "".join(SdCpp.LOG))
+        if done is None:
+            raise RuntimeError(f"stable-diffusion.cpp logged no '{stage} completed' line")
+        return float(done.group(1)) / (1000.0 if done.group(2) == "ms" else 1.0)
+
+    def close(self):
+        self.sd.close()
+
+
 class Image:
     """A whole txt2img image as brume's `image-*` component runs it: the prompt (and,
     guided, the empty prompt) through the text encoder, `steps` DDIM steps of the UNet
@@ -209,7 +321,7 @@ class Image:
 
 def versions():
     out = [f"torch {torch.__version__}"]
-    for mod in ("onnxruntime", "openvino"):
+    for mod in ("onnxruntime", "openvino", "stable_diffusion_cpp"):
         try:
             m = __import__(mod)
             out.append(f"{mod} {m.__version__.split('-')[0]}")
@@ -230,7 +342,9 @@ def main():
         if cmd == "quit":
             break
         if cmd == "unload":
-            loaded.pop(req["name"], None)
+            for f in loaded.pop(req["name"], {}).get("runs", {}).values():
+                if isinstance(f, SdCpp):
+                    f.close()
             gc.collect()
             answer({})
             continue
@@ -245,9 +359,14 @@ def main():
                 module = load_module(req["kind"], req["model"], req["subfolder"])
                 flops = count_flops(module, inputs)
                 make = lambda v, cache: build(v, module, inputs, work, name, threads, cache)  # noqa: E731
-            runs, skipped, precision, cache = {}, {}, {}, {}
+            runs, skipped, precision, cache, no_output = {}, {}, {}, {}, {}
             for v in req["variants"]:
                 try:
+                    if v.startswith("sdcpp-"):
+                        peer = SdCpp(v, req["kind"], req["model"], inputs, work, threads, req.get("steps", 1), req.get("guidance", 0.0))
+                        runs[v], precision[v] = peer, peer.what
+                        no_output[v] = "sd.cpp starts from its own noise"
+                        continue
                     f, what = make(v, cache)
                     runs[v] = f
                     precision[v] = what
@@ -257,11 +376,14 @@ def main():
             cache.clear()  # compiled models keep their own weights
             gc.collect()
             loaded[name] = dict(runs=runs, written=set())
-            answer({"variants": list(runs), "skipped": skipped, "flops": flops, "precision": precision})
+            answer({"variants": list(runs), "skipped": skipped, "flops": flops, "precision": precision, "no_output": no_output})
             continue
         if cmd == "run":
             entry = loaded[req["name"]]
             v = req["variant"]
+            if isinstance(entry["runs"][v], SdCpp):
+                answer({"s": entry["runs"][v].run()})
+                continue
             with torch.inference_mode():
                 t = time.perf_counter()
                 out = entry["runs"][v]()

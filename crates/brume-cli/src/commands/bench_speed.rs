@@ -36,9 +36,13 @@ pub struct SpeedArgs {
         "text-sd15".to_string(), "unet-sd15@256".into(), "unet-sdxs@256".into(), "unet-sdxs@512".into(),
         "taesd-sdxs@512".into(), "vae-sd15@512".into(), "unet-sd15@512".into()])]
     components: Vec<String>,
-    /// Peer variants (torch-f32 always runs: it is the error reference).
+    /// Peer variants (torch-f32 always runs: it is the error reference): torch-bf16,
+    /// onnxruntime-f32, openvino-f32, openvino-bf16, and stable-diffusion.cpp with f32,
+    /// f16 or q8_0 weights (sdcpp-f32, sdcpp-f16, sdcpp-q8_0: timed from its own log of
+    /// each stage of a generation from its own noise, so its error is "n/a"); `none`
+    /// for PyTorch f32 alone.
     #[arg(long, value_delimiter = ',', default_values_t = [
-        "torch-bf16".to_string(), "onnxruntime-f32".into(), "openvino-f32".into(), "openvino-bf16".into()])]
+        "torch-bf16".to_string(), "onnxruntime-f32".into(), "openvino-f32".into(), "openvino-bf16".into(), "sdcpp-f32".into()])]
     peers: Vec<String>,
     /// brume's modes: `fast` (its kernels, f32, Winograd F(4x4, 3x3) on the large 3x3
     /// convolutions where it wins), `direct` (the same with the direct 3x3 kernel
@@ -484,6 +488,10 @@ pub fn run(a: SpeedArgs) -> anyhow::Result<()> {
             rows[i].err = Some(rel_err(y, &want)?);
         }
         for (j, v) in ready.iter().enumerate() {
+            // A peer that cannot start from brume's inputs has no comparable output.
+            if ans["no_output"].get(v).is_some() {
+                continue;
+            }
             let got = read_f32(&a.work.join(format!("{}.{v}.f32", c.name)), &outs[0])?;
             rows[modes.len() + j].err = Some(rel_err(&got, &want)?);
         }
@@ -516,7 +524,7 @@ pub fn run(a: SpeedArgs) -> anyhow::Result<()> {
             // bf16 rows against the bf16 ceiling where there is one.
             let ceiling = if r.precision.starts_with("bf16") { peak_bf16.unwrap_or(peak) } else { peak };
             println!(
-                "{:<18} {:<10} {:>9.4} {:>9.4} {:>9.4} {:>8.1} {:>5.0}% {:>9.2e}",
+                "{:<18} {:<10} {:>9.4} {:>9.4} {:>9.4} {:>8.1} {:>5.0}% {:>9}",
                 r.variant,
                 r.precision,
                 med,
@@ -524,7 +532,7 @@ pub fn run(a: SpeedArgs) -> anyhow::Result<()> {
                 max,
                 g,
                 100.0 * g / ceiling,
-                r.err.unwrap_or(f32::NAN)
+                r.err.map_or_else(|| "n/a".to_string(), |e| format!("{e:.2e}"))
             );
         }
         // brume's fastest mode within the error bar, against every peer.
@@ -540,6 +548,9 @@ pub fn run(a: SpeedArgs) -> anyhow::Result<()> {
         }
         for (v, why) in ans["skipped"].as_object().into_iter().flatten() {
             println!("skipped {v}: {}", why.as_str().unwrap_or(""));
+        }
+        for (v, why) in ans["no_output"].as_object().into_iter().flatten() {
+            println!("{v}: error n/a ({})", why.as_str().unwrap_or(""));
         }
     }
     println!();
