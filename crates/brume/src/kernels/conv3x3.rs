@@ -555,7 +555,12 @@ pub(crate) fn run_upsampled(isa: Isa, x: &[f32], d: Dims, weights: &[f32], out: 
         return Ok(true);
     }
     if d.needs_compute(out) {
-        rows(isa, x, d, weights, out, true);
+        // By output phases: 16 products per 2x2 outputs where the doubled map's 3x3 taps make 36.
+        if super::conv3x3_upsampled::enabled() && super::conv3x3_upsampled::takes(isa, d) {
+            super::conv3x3_upsampled::run(isa, x, d, weights, out);
+        } else {
+            rows(isa, x, d, weights, out, true);
+        }
     }
     Ok(true)
 }
@@ -574,7 +579,7 @@ fn dense_flat(isa: Isa) -> bool {
 }
 
 /// The row layout's tasks over `x`: the input itself, or (`up`) its half-size map.
-fn rows(isa: Isa, x: &[f32], d: Dims, weights: &[f32], out: &mut [f32], up: bool) {
+pub(crate) fn rows(isa: Isa, x: &[f32], d: Dims, weights: &[f32], out: &mut [f32], up: bool) {
     let Dims { batch, in_ch: c, out_ch: o, h, w } = d;
     let split = RowTasks::new(batch, h, o.div_ceil(OB));
     let dst = SharedMut(out.as_mut_ptr());

@@ -57,6 +57,7 @@ pub mod attention_amx;
 pub mod attention_bf16;
 mod bf16;
 pub mod conv3x3;
+pub mod conv3x3_upsampled;
 pub mod conv3x3_bf16;
 pub mod flash_attention;
 pub mod geglu;

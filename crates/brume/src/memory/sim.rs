@@ -436,7 +436,13 @@ fn upsample(sim: &mut Sim, m: Map, c: usize) -> Map {
     let formed = !(sim.kernels.upsample_in_place && crate::kernels::conv3x3::reads_upsampled(crate::kernels::isa(), b, c, h, w));
     let doubled = if formed { up.ch(c) } else { 0 };
     sim.alloc(doubled);
-    let conv = sim.conv3(c as u64, c as u64, up);
+    let mut conv = sim.conv3(c as u64, c as u64, up);
+    // In place on the direct kernel it runs by output phases, whose tasks hold their
+    // summed taps and staged rows (`kernels::conv3x3_upsampled`).
+    let d = crate::kernels::conv3x3::Dims { batch: b, in_ch: c, out_ch: c, h, w };
+    if !formed && sim.kernels.direct_conv && !(sim.kernels.winograd && crate::kernels::winograd::scratch_bytes(d).is_some()) {
+        conv += crate::kernels::conv3x3_upsampled::scratch_bytes(crate::kernels::isa(), d) as u64;
+    }
     sim.spike(up.ch(c) + conv);
     sim.alloc(up.ch(c));
     sim.free(doubled + m.ch(c));
