@@ -134,6 +134,8 @@ pub(crate) fn scratch_bytes(isa: Isa, d: Dims) -> usize {
 /// [o, c, 3, 3] (f32 CPU tensors) on `isa`, by the direct kernel: by output phases
 /// where [`takes`] allows and `phases` asks, else with the 3x3 taps over the doubled
 /// rows, as `BRUME_UPSAMPLE_PHASES=off` runs it (to time or test one against the other).
+/// It borrows the tensors' values where `winograd::on_tensors` copies them: the example
+/// that times it would otherwise time a copy of SD's 59 MB kernel with every call.
 pub fn conv3x3_upsampled_on(isa: Isa, x: &Tensor, w: &Tensor, phases: bool) -> Result<Tensor> {
     super::require(isa)?;
     let (b, c, h, wd) = x.dims4()?;
@@ -414,19 +416,6 @@ mod tests {
     use super::super::conv3x3::{self, Dims};
     use super::super::Isa;
 
-    /// The nearest 2x upsampling of `x` [b, c, h, w].
-    fn doubled(x: &[f32], b: usize, c: usize, h: usize, w: usize) -> Vec<f32> {
-        let mut up = vec![0f32; b * c * 4 * h * w];
-        for p in 0..b * c {
-            for y in 0..2 * h {
-                for xx in 0..2 * w {
-                    up[(p * 2 * h + y) * 2 * w + xx] = x[(p * h + y / 2) * w + xx / 2];
-                }
-            }
-        }
-        up
-    }
-
     /// The phases equal the direct kernel on the doubled map up to f32 rounding: blocks
     /// of two vectors of one row and of one vector of two rows (an odd last row too),
     /// half-size rows a whole number of blocks wide and not, output channels that fill
@@ -443,10 +432,12 @@ mod tests {
                 if !super::takes(isa, d) {
                     continue;
                 }
-                let x = rng.randn(&[b, c, h, w], &candle_core::Device::Cpu).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
-                let k = rng.randn(&[o, c, 3, 3], &candle_core::Device::Cpu).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                let flat = |t: candle_core::Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                let xt = rng.randn(&[b, c, h, w], &candle_core::Device::Cpu).unwrap();
+                let (x, up) = (flat(xt.clone()), flat(xt.upsample_nearest2d(2 * h, 2 * w).unwrap()));
+                let k = flat(rng.randn(&[o, c, 3, 3], &candle_core::Device::Cpu).unwrap());
                 let mut want = vec![0f32; b * o * 4 * h * w];
-                conv3x3::run(isa, &doubled(&x, b, c, h, w), d, &k, &mut want).unwrap();
+                conv3x3::run(isa, &up, d, &k, &mut want).unwrap();
                 let mut got = vec![f32::NAN; want.len()];
                 super::run(isa, &x, d, &k, &mut got);
                 let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));

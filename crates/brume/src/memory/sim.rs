@@ -437,8 +437,9 @@ fn upsample(sim: &mut Sim, m: Map, c: usize) -> Map {
     let doubled = if formed { up.ch(c) } else { 0 };
     sim.alloc(doubled);
     let mut conv = sim.conv3(c as u64, c as u64, up);
-    // In place on the direct kernel it runs by output phases, whose tasks hold their
-    // summed taps and staged rows (`kernels::conv3x3_upsampled`).
+    // In place on the direct kernel it runs by output phases: a zero-bordered copy of
+    // the half-size map, and per task its summed taps and partial sums
+    // (`kernels::conv3x3_upsampled`).
     let d = crate::kernels::conv3x3::Dims { batch: b, in_ch: c, out_ch: c, h, w };
     if !formed && sim.kernels.direct_conv && !(sim.kernels.winograd && crate::kernels::winograd::scratch_bytes(d).is_some()) {
         conv += crate::kernels::conv3x3_upsampled::scratch_bytes(crate::kernels::isa(), d) as u64;
