@@ -1380,17 +1380,29 @@ def stage_lcm(a, budget, D, te, teacher, lat_mean, lat_std, sf, work):
 # export
 
 
-def write_pipeline(dst, te, tok, unet, vae, unet_lcm=None):
+def write_sampling_defaults(unet_dir, guidance, steps):
+    """The settings `brume generate` uses for this UNet when the command line gives none
+    (unet/sampling_defaults.json; diffusers ignores the file)."""
+    (unet_dir / "sampling_defaults.json").write_text(json.dumps(
+        {"guidance_scale": guidance, "num_inference_steps": steps}, indent=2) + "\n")
+
+
+def write_pipeline(dst, te, tok, unet, vae, unet_lcm=None, a=None):
     """fp16 diffusers folder at dst (must not exist): SD1 pipeline with DDIM, the CLIP tokenizer copied
-    from the SD1.5 fixture, and optionally unet_lcm/ + scheduler_lcm/."""
+    from the SD1.5 fixture, and optionally unet_lcm/ + scheduler_lcm/; with the arguments `a`, each
+    UNet's sampling_defaults.json (--default-guidance / --ddim-steps, --lcm-guidance / 4 steps)."""
     pipe = make_pipe(copy.deepcopy(te).half().cpu(), tok, copy.deepcopy(unet).half().cpu(),
                      copy.deepcopy(vae).half().cpu(), ddim_scheduler())
     pipe.save_pretrained(dst, safe_serialization=True)
     shutil.rmtree(dst / "tokenizer")
     shutil.copytree(TOKENIZER_SRC, dst / "tokenizer")
+    if a is not None:
+        write_sampling_defaults(dst / "unet", a.default_guidance, a.ddim_steps)
     if unet_lcm is not None:
         copy.deepcopy(unet_lcm).half().cpu().save_pretrained(dst / "unet_lcm", safe_serialization=True)
         lcm_scheduler().save_pretrained(dst / "scheduler_lcm")
+        if a is not None:
+            write_sampling_defaults(dst / "unet_lcm", a.lcm_guidance, 4)
     for p in dst.rglob("*"):
         os.chmod(p, 0o755 if p.is_dir() else 0o644)  # save_pretrained leaves 0600 weight files
 
@@ -1533,7 +1545,10 @@ def parse_args():
                    help="min-SNR-gamma loss weighting (0: plain epsilon MSE, as SD was trained; gamma 5 left run 2's backgrounds mottled)")
     p.add_argument("--ema", type=float, default=0.998)
     p.add_argument("--ddim-steps", type=int, default=25)
-    p.add_argument("--guidance", type=float, default=5.0)
+    p.add_argument("--guidance", type=float, default=5.0, help="guidance_scale of the script's own DDIM evaluation")
+    p.add_argument("--default-guidance", type=float, default=3.5,
+                   help="guidance_scale written to unet/sampling_defaults.json, what brume generate uses by default "
+                        "(3.5: chosen for run 13 on held-out prompts 200-599, see README.md, 'Default guidance')")
     # LCM
     p.add_argument("--lcm-cond-dim", type=int, default=32)
     p.add_argument("--lcm-lr", type=float, default=2e-4)
@@ -1606,7 +1621,7 @@ def main():
     info["unet"]["eval"], im = evaluate(pipe, D, work, "ddim", a.ddim_steps, a.guidance, a)
     grid(im[:32], out / "samples" / "stage2_ddim.png")
     tmp = out / f".stage2.tmp-{os.getpid()}"
-    write_pipeline(tmp, te, D["tokenizer"], unet, vae)
+    write_pipeline(tmp, te, D["tokenizer"], unet, vae, a=a)
     (tmp / "training.json").write_text(json.dumps({**info, "stage": "unet", "timing_s": budget.timing}, indent=1))
     atomic_replace(tmp, out / "stage2")
     log(f"checkpoint: {out / 'stage2'} ({weights_mb(out / 'stage2'):.1f} MB of weights) in {time.time() - t:.1f}s")
@@ -1635,7 +1650,7 @@ def finish(a, budget, D, out, work, info, te, unet, vae, student, target):
 
     budget.begin("export")
     tmp = out / f".model.tmp-{os.getpid()}"
-    write_pipeline(tmp, te, D["tokenizer"], unet, vae, unet_lcm=unet_lcm)
+    write_pipeline(tmp, te, D["tokenizer"], unet, vae, unet_lcm=unet_lcm, a=a)
     info["verify"] = verify(tmp, D, a, lcm=True)
     info["weights_mb"] = round(weights_mb(tmp), 2)
     info["component_mb"] = {d.name: round(weights_mb(d), 2) for d in sorted(tmp.iterdir()) if d.is_dir()}

@@ -76,6 +76,30 @@ fn random_model_of_a_real_config_loads() {
     assert!(!again.status.success(), "must not overwrite an existing folder");
 }
 
+/// The steps and guidance a UNet folder of the built-in model recommends.
+fn builtin_defaults(unet: &str) -> (u64, f64) {
+    let path = fixtures().join(format!("../models/builtin/{unet}/sampling_defaults.json"));
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    (v["num_inference_steps"].as_u64().unwrap(), v["guidance_scale"].as_f64().unwrap())
+}
+
+#[test]
+fn generate_takes_the_models_own_settings_unless_told_otherwise() {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    run_ok(&["generate", "a red circle", "--out", "a.png"], d);
+    let info = run_ok(&["info", "a.png"], d);
+    let (steps, g) = builtin_defaults("unet");
+    assert!(info.contains(&format!("Steps: {steps}, Sampler: ddim, CFG scale: {g},")), "{info}");
+    run_ok(&["generate", "a red circle", "--steps", "2", "--guidance", "7.5", "--out", "b.png"], d);
+    assert!(run_ok(&["info", "b.png"], d).contains("Steps: 2, Sampler: ddim, CFG scale: 7.5,"));
+    // The distilled UNet brings its own: four LCM steps at the scale it embeds.
+    run_ok(&["generate", "a red circle", "--unet", "unet_lcm", "--out", "c.png"], d);
+    let info = run_ok(&["info", "c.png"], d);
+    let (steps, g) = builtin_defaults("unet_lcm");
+    assert!(info.contains(&format!("Steps: {steps}, Sampler: lcm, CFG scale: {g},")), "{info}");
+}
+
 fn run_ok(args: &[&str], dir: &std::path::Path) -> String {
     let out = brume().args(args).current_dir(dir).output().unwrap();
     assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
@@ -90,7 +114,9 @@ fn images_carry_their_recipe_and_from_recreates_them_bit_for_bit() {
     assert!(d.join("a-2.png").exists() && d.join("p.png").exists());
     let info = run_ok(&["info", "a.png"], d);
     let n = builtin_size();
-    assert!(info.contains(&format!("a red circle\nNegative prompt: blur\nSteps: 3, Sampler: ddim, CFG scale: 7.5, Seed: 9, Size: {n}x{n}")), "{info}");
+    // No --guidance: the built-in UNet's own recommendation (unet/sampling_defaults.json).
+    let g = builtin_defaults("unet").1;
+    assert!(info.contains(&format!("a red circle\nNegative prompt: blur\nSteps: 3, Sampler: ddim, CFG scale: {g}, Seed: 9, Size: {n}x{n}")), "{info}");
     let json = run_ok(&["info", "--json", "a.png"], d);
     assert!(json.contains("\"mode\": \"txt2img\"") && json.contains("\"batch\": 2"), "{json}");
     run_ok(&["generate", "--from", "a.png", "--out", "b.png"], d);

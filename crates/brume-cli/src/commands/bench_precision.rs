@@ -198,8 +198,8 @@ pub fn precision(a: PrecisionArgs) -> anyhow::Result<()> {
         let adherence = if builtin && a.adherence > 0 {
             eprintln!("judging {} held-out prompts with {tier} ...", a.adherence);
             let kind = model.sampler_kind(None)?;
-            let steps = a.adherence_steps.unwrap_or(super::eval::default_steps(kind));
-            let (scores, _) = super::eval::judge_held_out(&model, &super::eval::HeldOutRun::bars(a.adherence, steps, kind), &brume::pipelines::RunOptions::default())?;
+            let settings = model.sampling_settings(kind, a.adherence_steps, None)?;
+            let (scores, _) = super::eval::judge_held_out(&model, &super::eval::HeldOutRun::bars(a.adherence, settings, kind), &brume::pipelines::RunOptions::default())?;
             eprintln!();
             Some(scores)
         } else {

@@ -58,11 +58,14 @@ pub struct AdherenceArgs {
     /// then read the bars once.
     #[arg(long, default_value_t = 0)]
     from: usize,
-    /// Denoising steps (default: 4 for lcm and tcd, else 25).
+    /// Denoising steps (default: the model's recommendation for its own scheduler, as
+    /// `brume generate` takes it: 25 for the built-in model's DDIM; else 4 for lcm and tcd
+    /// and 20 for the rest).
     #[arg(long)]
     steps: Option<usize>,
-    #[arg(long, default_value_t = 5.0)]
-    guidance: f64,
+    /// Guidance scale (default: the model's recommendation, as `brume generate` takes it).
+    #[arg(long)]
+    guidance: Option<f64>,
     #[arg(long)]
     sampler: Option<String>,
     /// DDIM eta / TCD gamma (0 = deterministic).
@@ -215,15 +218,6 @@ fn showcase(a: ShowcaseArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Adherence steps when none are given: 4 for the few-step samplers, else 25.
-pub fn default_steps(kind: SamplerKind) -> usize {
-    if kind.is_few_step() {
-        4
-    } else {
-        25
-    }
-}
-
 /// Per-attribute (correct, judged) counts on held-out prompts, and how many
 /// images had every attribute right.
 pub struct Adherence {
@@ -272,9 +266,9 @@ pub struct HeldOutRun {
 }
 
 impl HeldOutRun {
-    /// The benchmark's own prompts at a sampler's default settings.
-    pub fn bars(count: usize, steps: usize, kind: SamplerKind) -> Self {
-        Self { from: 0, count, steps, guidance: 5.0, eta: 0.0, kind }
+    /// The benchmark's own prompts at the given settings (the model's defaults, for the bars).
+    pub fn bars(count: usize, settings: brume::pipelines::sampling_defaults::Resolved, kind: SamplerKind) -> Self {
+        Self { from: 0, count, steps: settings.steps, guidance: settings.guidance_scale, eta: 0.0, kind }
     }
 }
 
@@ -364,11 +358,12 @@ fn adherence(a: AdherenceArgs) -> anyhow::Result<()> {
     let size = model.default_size();
     let sampler = a.sampler.as_deref().map(SamplerKind::parse).transpose()?;
     let kind = model.sampler_kind(sampler)?;
-    let steps = a.steps.unwrap_or(default_steps(kind));
+    let settings = model.sampling_settings(kind, a.steps, a.guidance)?;
+    let (steps, guidance) = (settings.steps, settings.guidance_scale);
     let start = Instant::now();
-    let probe = GenerationRequest { steps, guidance_scale: a.guidance, ..GenerationRequest::new("", size) };
+    let probe = GenerationRequest { steps, guidance_scale: guidance, ..GenerationRequest::new("", size) };
     let opts = a.memory.plan(&model, &probe, Job::GenerateAtSize)?.opts;
-    let run = HeldOutRun { from: a.from, count: a.count, steps, guidance: a.guidance, eta: a.eta, kind };
+    let run = HeldOutRun { from: a.from, count: a.count, steps, guidance, eta: a.eta, kind };
     let (scores, tiles) = judge_held_out(&model, &run, &opts)?;
     let (tally, all_correct) = (scores.attributes, scores.all_correct);
     let prompts = scores.prompts;
@@ -382,7 +377,7 @@ fn adherence(a: AdherenceArgs) -> anyhow::Result<()> {
         if a.from > 0 { format!(" from #{}", a.from) } else { String::new() },
         kind.cli_name(),
         steps,
-        a.guidance,
+        guidance,
         if a.eta != 0.0 { format!(", eta {}", a.eta) } else { String::new() },
         size
     );

@@ -41,12 +41,14 @@ pub struct GenArgs {
     /// unipc, lcm, tcd (default: the model's own scheduler config).
     #[arg(long)]
     pub sampler: Option<String>,
-    /// Denoising steps (default: 4 for the few-step samplers lcm and tcd, else 20).
+    /// Denoising steps (default: what the UNet folder's sampling_defaults.json recommends
+    /// for its own scheduler, else 4 for the few-step samplers lcm and tcd and 20 for the rest).
     #[arg(long)]
     pub steps: Option<usize>,
     /// Classifier-free guidance scale; <= 1 disables guidance (one UNet pass per step).
-    #[arg(long, default_value_t = 7.5)]
-    pub guidance: f64,
+    /// Default: the UNet folder's recommendation (the built-in model's is 3.5), else 7.5.
+    #[arg(long)]
+    pub guidance: Option<f64>,
     /// DDIM eta (0 = deterministic).
     #[arg(long, default_value_t = 0.0)]
     pub eta: f64,
@@ -83,11 +85,12 @@ impl GenArgs {
         let size = model.default_size();
         let sampler = self.sampler.as_deref().map(SamplerKind::parse).transpose()?;
         let kind = model.sampler_kind(sampler)?;
+        let settings = model.sampling_settings(kind, self.steps, self.guidance)?;
         Ok(GenerationRequest {
             prompt,
             negative_prompt: self.negative_prompt.clone(),
-            steps: self.steps.unwrap_or(default_steps(kind)),
-            guidance_scale: self.guidance,
+            steps: settings.steps,
+            guidance_scale: settings.guidance_scale,
             width: width.unwrap_or(size),
             height: height.unwrap_or(size),
             seed: self.seed,
@@ -126,15 +129,6 @@ impl GenArgs {
             }
             None => bail!("{} has no brume recipe (was it written by brume?)", p.display()),
         }
-    }
-}
-
-/// Distilled samplers are made for a handful of steps; the rest for about twenty.
-pub fn default_steps(kind: SamplerKind) -> usize {
-    if kind.is_few_step() {
-        4
-    } else {
-        20
     }
 }
 

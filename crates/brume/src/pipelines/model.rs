@@ -11,6 +11,7 @@ use crate::error::LoadError;
 use crate::loading::diffusers::{open_component, ModelIndex};
 use crate::loading::{Component, Segment, WeightStore};
 use crate::models::config::ConfigReader;
+use super::sampling_defaults::{Resolved, SamplingDefaults};
 use crate::models::{
     AutoencoderKLConfig, AutoencoderTinyConfig, ClipTextConfig, ClipTextModel, LatentDistribution, TinyDecoder,
     TinyEncoder, UNet2DConditionModel, UNetConfig, VaeDecoder, VaeEncoder,
@@ -185,6 +186,9 @@ pub struct SdModel {
     pub tokenizer: ClipTokenizer,
     /// The UNet subfolder in use (`unet` unless [`OpenOptions::unet`] chose another).
     pub unet_folder: String,
+    /// What that UNet folder recommends (its `sampling_defaults.json`; nothing for a
+    /// single-file checkpoint).
+    pub sampling: SamplingDefaults,
     stores: BTreeMap<Component, WeightStore>,
 }
 
@@ -274,6 +278,7 @@ impl SdModel {
             stores,
         )?;
         model.pipeline_class = index.and_then(|i| i.pipeline_class);
+        model.sampling = SamplingDefaults::read_dir(&path.join(&unet_folder))?;
         model.unet_folder = unet_folder;
         Ok(model)
     }
@@ -333,6 +338,11 @@ impl SdModel {
             }
             stores.insert(c, store);
         }
+        let defaults = format!("{unet_folder}/{}", super::sampling_defaults::FILE);
+        let sampling = match files.iter().any(|f| f.path == defaults) {
+            true => SamplingDefaults::from_reader(&text(&defaults)?)?,
+            false => SamplingDefaults::default(),
+        };
         let mut model = Self::from_parts(
             name.to_string(),
             root,
@@ -343,6 +353,7 @@ impl SdModel {
             ClipTokenizer::builtin(PadToken::EndOfText),
             stores,
         )?;
+        model.sampling = sampling;
         model.unet_folder = unet_folder;
         Ok(model)
     }
@@ -369,6 +380,7 @@ impl SdModel {
             schedule,
             tokenizer,
             unet_folder: "unet".into(),
+            sampling: SamplingDefaults::default(),
             stores,
         };
         m.check_compatible()?;
@@ -461,6 +473,13 @@ impl SdModel {
             Some(k) => Ok(k),
             None => SamplerKind::from_config(&self.schedule),
         }
+    }
+
+    /// Steps and guidance for a run on sampler `kind` where the request leaves them
+    /// out: the UNet folder's recommendation, else the sampler family's and
+    /// diffusers' defaults (see [`SamplingDefaults::resolve`]).
+    pub fn sampling_settings(&self, kind: SamplerKind, steps: Option<usize>, guidance: Option<f64>) -> Result<Resolved, crate::error::RunError> {
+        Ok(self.sampling.resolve(kind, self.sampler_kind(None)?, steps, guidance))
     }
 
     /// Default output size: the UNet's `sample_size` in pixels (512 for SD 1.5).
