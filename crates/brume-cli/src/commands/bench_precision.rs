@@ -45,9 +45,13 @@ pub struct PrecisionArgs {
     /// Held-out prompts judged per tier for prompt adherence (built-in model only; 0: skip).
     #[arg(long, default_value_t = 100)]
     adherence: usize,
-    /// Steps of each adherence image (default: as `brume eval adherence`).
+    /// Steps of each adherence image (default: as `brume eval adherence`, the model's own).
     #[arg(long)]
     adherence_steps: Option<usize>,
+    /// Guidance of each adherence image (default: as `brume eval adherence`, the model's
+    /// own: 3.5 for the built-in model; tables before 2026-12-07 were read at 5).
+    #[arg(long)]
+    adherence_guidance: Option<f64>,
 }
 
 /// One tier's generation, run in a child process (`brume bench precision-run`).
@@ -198,7 +202,7 @@ pub fn precision(a: PrecisionArgs) -> anyhow::Result<()> {
         let adherence = if builtin && a.adherence > 0 {
             eprintln!("judging {} held-out prompts with {tier} ...", a.adherence);
             let kind = model.sampler_kind(None)?;
-            let settings = model.sampling_settings(kind, a.adherence_steps, None)?;
+            let settings = model.sampling_settings(kind, a.adherence_steps, a.adherence_guidance)?;
             let (scores, _) = super::eval::judge_held_out(&model, &super::eval::HeldOutRun::bars(a.adherence, settings, kind), &brume::pipelines::RunOptions::default())?;
             eprintln!();
             Some(scores)
