@@ -33,10 +33,13 @@ pub struct ShowcaseArgs {
     /// Prompt for the edits (img2img, inpaint, outpaint) of the txt2img picture.
     #[arg(long, default_value = "a large yellow star on the left on a blue background")]
     edit_prompt: String,
+    /// Steps of every sampler but the few-step ones, which run 4 (one count for all, so
+    /// the samplers compare).
     #[arg(long, default_value_t = 20)]
     steps: usize,
-    #[arg(long, default_value_t = 5.0)]
-    guidance: f64,
+    /// Guidance (default: each UNet's own recommendation, as `brume generate` takes it).
+    #[arg(long)]
+    guidance: Option<f64>,
     #[arg(long, default_value_t = 1)]
     seed: u64,
     #[arg(long, default_value = "showcase.png")]
@@ -132,9 +135,10 @@ fn showcase(a: ShowcaseArgs) -> anyhow::Result<()> {
     let txt = listing_path(&a.out)?;
     let model = a.model.open()?;
     let size = model.default_size();
+    let own = model.sampler_kind(None)?;
     let base = GenerationRequest {
         steps: a.steps,
-        guidance_scale: a.guidance,
+        guidance_scale: model.sampling_settings(own, None, a.guidance)?.guidance_scale,
         seed: a.seed,
         ..GenerationRequest::new(a.prompt.clone(), size)
     };
@@ -157,12 +161,13 @@ fn showcase(a: ShowcaseArgs) -> anyhow::Result<()> {
             Some(d) if kind.is_few_step() => d,
             _ => &model,
         };
-        let req = GenerationRequest { sampler: Some(kind), steps, ..base.clone() };
+        let guidance_scale = m.sampling_settings(kind, None, a.guidance)?.guidance_scale;
+        let req = GenerationRequest { sampler: Some(kind), steps, guidance_scale, ..base.clone() };
         let mut noise = noise_source(req.rng, req.seed);
         let out = txt2img(m, &req, &opts, noise.as_mut(), None, &mut |_| Flow::Continue)?;
         samplers_row.push(to_rgb8(&out.image)?);
         listing.push_str(&format!(
-            "row 0 col {}: txt2img, {}, {steps} steps, {}\n",
+            "row 0 col {}: txt2img, {}, {steps} steps, guidance {guidance_scale}, {}\n",
             samplers_row.len() - 1,
             kind.cli_name(),
             m.unet_folder
