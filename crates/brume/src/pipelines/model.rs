@@ -11,12 +11,13 @@ use crate::error::LoadError;
 use crate::loading::diffusers::{open_component, ModelIndex};
 use crate::loading::{Component, Segment, WeightStore};
 use crate::models::config::ConfigReader;
-use super::sampling_defaults::{Resolved, SamplingDefaults};
 use crate::models::{
     AutoencoderKLConfig, AutoencoderTinyConfig, ClipTextConfig, ClipTextModel, LatentDistribution, TinyDecoder,
     TinyEncoder, UNet2DConditionModel, UNetConfig, VaeDecoder, VaeEncoder,
 };
 use crate::samplers::{SamplerKind, ScheduleConfig};
+
+use super::sampling_defaults::{Resolved, SamplingDefaults};
 
 /// Which VAE the model uses.
 #[derive(Debug, Clone, PartialEq)]

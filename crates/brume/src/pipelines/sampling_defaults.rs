@@ -7,9 +7,10 @@
 //! prompts 200-599, guidance 5 draws 88.9 % of the colours and 38.8 % of the pictures
 //! wholly right, 3.5 draws 91.4 % and 45.5 %, and 7 is worse than 5:
 //! `tools/train/README.md`, "Default guidance"), and a person who types
-//! `brume generate "..."` must get the model's best picture without knowing that. So a UNet folder may carry its settings, in diffusers' own argument
-//! names; diffusers ignores the file, so the folder stays a standard one. A file a
-//! person wrote by hand is checked like a config: an error names the file and field.
+//! `brume generate "..."` must get the model's best picture without knowing that.
+//! So a UNet folder may carry its settings, in diffusers' own argument names;
+//! diffusers ignores the file, so the folder stays a standard one. A file a person
+//! wrote by hand is checked like a config: an error names the file and field.
 
 use std::path::Path;
 
