@@ -28,8 +28,8 @@ CASES = [
 # The LCM-distilled UNet (unet_lcm/ with scheduler_lcm/), when the model has one: guidance is
 # embedded (w = guidance - 1), no unconditional pass.
 LCM_CASES = [
-    ("a large red circle on the left on a blue background", 1, 4, 5.0),
-    ("a small blue triangle on the right on a yellow background", 3, 1, 5.0),
+    ("a large red circle on the left on a blue background", 1, 4, 3.5),
+    ("a small blue triangle on the right on a yellow background", 3, 1, 3.5),
 ]
 
 
