@@ -5,11 +5,13 @@
 //! - [`caption`]: caption grammar (generation with paraphrases, and parsing back);
 //! - [`render`]: anti-aliased rendering and the blur/noise degradation used in tests;
 //! - [`judge`]: the deterministic image-vs-caption analyser;
+//! - [`edits`]: held-out prompts paired with pictures to edit towards them;
 //! - [`dataset`]: the training-set writer (PNGs + `captions.jsonl`).
 
 pub mod caption;
 pub mod colour;
 pub mod dataset;
+pub mod edits;
 pub mod judge;
 pub mod render;
 pub mod rng;
@@ -18,6 +20,7 @@ pub mod scene;
 pub use caption::{caption, caption_spec, parse_caption, ParseError};
 pub use colour::Colour;
 pub use dataset::{write_dataset, CaptionConfig};
+pub use edits::{edit_cases, object_mask, EditCase};
 pub use judge::{analyse, judge, Analysis, Detection, ObjectVerdict, Verdict};
 pub use render::{degrade, render};
 pub use scene::{

@@ -243,10 +243,11 @@ pub fn precision(a: PrecisionArgs) -> anyhow::Result<()> {
     }
     println!("(memory in MiB: peak RSS of the generating process, its largest private-dirty reading over the run; s/step: median UNet step)");
     if rows.iter().any(|r| r.adherence.is_some()) {
-        let attrs: Vec<&'static str> = rows.iter().filter_map(|r| r.adherence.as_ref()).flat_map(|s| s.attributes.keys().copied()).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+        let attrs: Vec<&'static str> = rows.iter().filter_map(|r| r.adherence.as_ref()).flat_map(|s| s.tally.attributes.keys().copied()).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
         println!();
-        let steps = a.adherence_steps.map(|s| s.to_string()).unwrap_or_else(|| "default".into());
-        println!("prompt adherence (% correct) on {} held-out prompts, {steps} steps, guidance 5, the model's sampler", a.adherence);
+        // Every tier converts the same folder, so they share its sampling settings.
+        let settings = rows.iter().find_map(|r| r.adherence.as_ref()).map(|s| s.run.describe()).unwrap_or_default();
+        println!("prompt adherence (% correct) on {} held-out prompts, {settings}", a.adherence);
         print!("{:<w$}", "tier");
         for at in &attrs {
             print!(" {:>17}", at);
@@ -256,10 +257,10 @@ pub fn precision(a: PrecisionArgs) -> anyhow::Result<()> {
             let Some(s) = &r.adherence else { continue };
             print!("{:<w$}", r.tier);
             for at in &attrs {
-                let (ok, n) = s.attributes.get(at).copied().unwrap_or((0, 0));
+                let (ok, n) = s.tally.attributes.get(at).copied().unwrap_or((0, 0));
                 print!(" {:>17}", if n == 0 { "-".to_string() } else { format!("{:.1}", 100.0 * ok as f64 / n as f64) });
             }
-            println!(" {:>8.1}", 100.0 * s.all_correct as f64 / s.prompts.len().max(1) as f64);
+            println!(" {:>8.1}", 100.0 * s.tally.all_correct as f64 / s.prompts.len().max(1) as f64);
         }
     }
     Ok(())

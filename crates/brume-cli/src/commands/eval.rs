@@ -20,6 +20,8 @@ pub enum Eval {
     Adherence(AdherenceArgs),
     /// A contact sheet of every sampler (txt2img) and every editing pipeline on one prompt.
     Showcase(ShowcaseArgs),
+    /// Per-attribute accuracy of img2img and inpainting edits towards held-out prompts.
+    Edits(super::eval_edits::EditsArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -86,13 +88,14 @@ pub fn run(e: Eval) -> anyhow::Result<()> {
     match e {
         Eval::Adherence(a) => adherence(a),
         Eval::Showcase(a) => showcase(a),
+        Eval::Edits(a) => super::eval_edits::edits(a),
     }
 }
 
 /// Lays out tiles in rows with a 2-px grey grid (grey, so a white tile such as a mask keeps its edges).
 /// Each tile is scaled to `tile` pixels high and keeps its aspect ratio, so a wider picture (an
 /// outpainted canvas) shows its whole width and a seam would be visible.
-fn sheet(rows: &[Vec<image::RgbImage>], tile: u32) -> image::RgbImage {
+pub(super) fn sheet(rows: &[Vec<image::RgbImage>], tile: u32) -> image::RgbImage {
     let width_of = |t: &image::RgbImage| (u64::from(t.width()) * u64::from(tile) / u64::from(t.height().max(1))).max(1) as u32;
     let row_width = |r: &Vec<image::RgbImage>| r.iter().map(|t| width_of(t) + 2).sum::<u32>();
     let width = rows.iter().map(row_width).max().unwrap_or(0).max(tile + 2);
@@ -119,7 +122,7 @@ fn sheet(rows: &[Vec<image::RgbImage>], tile: u32) -> image::RgbImage {
 
 /// Where a sheet's legend goes: a `.txt` beside it. Checked before any image is
 /// generated, since a sheet named `.txt` would be overwritten by its own legend.
-fn listing_path(sheet: &std::path::Path) -> anyhow::Result<PathBuf> {
+pub(super) fn listing_path(sheet: &std::path::Path) -> anyhow::Result<PathBuf> {
     let txt = sheet.with_extension("txt");
     if txt == sheet {
         bail!("{}: the contact sheet is a PNG and its legend goes to a .txt beside it; give the sheet a .png name", sheet.display());
@@ -127,7 +130,7 @@ fn listing_path(sheet: &std::path::Path) -> anyhow::Result<PathBuf> {
     Ok(txt)
 }
 
-fn write_listing(txt: &std::path::Path, text: &str) -> anyhow::Result<()> {
+pub(super) fn write_listing(txt: &std::path::Path, text: &str) -> anyhow::Result<()> {
     brume::util::atomic_write(txt, |w| w.write_all(text.as_bytes())).with_context(|| format!("writing {}", txt.display()))
 }
 
@@ -223,14 +226,76 @@ fn showcase(a: ShowcaseArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Per-attribute (correct, judged) counts on held-out prompts, and how many
-/// images had every attribute right.
-pub struct Adherence {
+/// Per-attribute (correct, judged) counts, how many images had every attribute right, and
+/// what the judge saw where an object's colour or shape was asked for.
+#[derive(Default)]
+pub struct Tally {
     pub attributes: BTreeMap<&'static str, (usize, usize)>,
     pub all_correct: usize,
-    pub prompts: Vec<(String, u64)>,
+    pub images: usize,
     /// Objects' colours and shapes by what the caption asked for: what the judge saw.
     pub asked: BTreeMap<(&'static str, String), Asked>,
+}
+
+impl Tally {
+    pub fn count(&mut self, name: &'static str, ok: bool) {
+        let e = self.attributes.entry(name).or_default();
+        e.0 += ok as usize;
+        e.1 += 1;
+    }
+
+    /// Adds one judged image.
+    pub fn add(&mut self, spec: &brume_world::Spec, verdict: &brume_world::Verdict) {
+        for (name, ok) in verdict.attributes() {
+            self.count(name, ok);
+        }
+        // The shape once more by the size the caption asks for: small objects span three
+        // or four latent cells of a 128 px image, and that is where shapes are lost.
+        for (o, v) in spec.objects.iter().zip(&verdict.objects) {
+            let seen = v.detected.as_ref();
+            self.asked.entry(("colour", o.colour.to_string())).or_default().add(v.colour, seen.map(|d| d.colour.to_string()));
+            self.asked.entry(("shape", o.shape.to_string())).or_default().add(v.shape, seen.map(|d| d.shape.to_string()));
+            match o.size {
+                Some(brume_world::scene::Size::Small) => self.count("shape_small", v.shape),
+                Some(brume_world::scene::Size::Large) => self.count("shape_large", v.shape),
+                None => {}
+            }
+        }
+        self.all_correct += verdict.all_correct() as usize;
+        self.images += 1;
+    }
+
+    /// The accuracy table with 95 % intervals, then the colours and shapes most often
+    /// missed and what came out instead.
+    pub fn print(&self) {
+        println!("{:<20} {:>9} {:>8} {:>15}", "attribute", "accuracy", "n", "95% interval");
+        let row = |name: &str, ok: usize, n: usize| {
+            let (lo, hi) = wilson_interval(ok, n);
+            println!("{:<20} {:>8.1}% {:>8} {:>6.1} - {:>5.1}", name, 100.0 * ok as f64 / n.max(1) as f64, n, 100.0 * lo, 100.0 * hi);
+        };
+        for (name, &(ok, n)) in &self.attributes {
+            row(name, ok, n);
+        }
+        row("all attributes", self.all_correct, self.images);
+        // Which colours and shapes a model misses, and what it draws instead: where the next
+        // training run should look.
+        for what in ["colour", "shape"] {
+            println!("{:<20} {:>9} {:>8}   seen instead (top 3)", format!("by {what} asked for"), "accuracy", "n");
+            for ((_, name), a) in self.asked.iter().filter(|((w, _), _)| *w == what) {
+                let mut instead: Vec<(&String, &usize)> = a.instead.iter().collect();
+                instead.sort_by(|x, y| y.1.cmp(x.1).then(x.0.cmp(y.0)));
+                let instead: Vec<String> = instead.iter().take(3).map(|(k, v)| format!("{k} {v}")).collect();
+                println!("  {:<18} {:>8.1}% {:>8}   {}", name, 100.0 * a.ok as f64 / a.n.max(1) as f64, a.n, instead.join(", "));
+            }
+        }
+    }
+}
+
+/// The scores of one run over held-out prompts.
+pub struct Adherence {
+    pub tally: Tally,
+    pub prompts: Vec<(String, u64)>,
+    pub run: HeldOutRun,
 }
 
 /// How often one asked-for value (a colour, a shape) came out right, and what came out instead.
@@ -256,7 +321,7 @@ impl Asked {
 /// The most held-out prompts an eval draws: listing them is a search through the scene
 /// generator (one spec in 20 is held out), and at about a second an image this is a day of
 /// rendering, so anything past it is a mistyped number rather than an evaluation.
-const MAX_HELD_OUT: usize = 100_000;
+pub(super) const MAX_HELD_OUT: usize = 100_000;
 
 /// Which held-out prompts to render and how.
 #[derive(Clone, Copy, Debug)]
@@ -275,6 +340,30 @@ impl HeldOutRun {
     pub fn bars(count: usize, settings: brume::pipelines::sampling_defaults::Resolved, kind: SamplerKind) -> Self {
         Self { from: 0, count, steps: settings.steps, guidance: settings.guidance_scale, eta: 0.0, kind }
     }
+
+    /// The request for one held-out prompt: its own seed, brume's RNG, the run's settings.
+    pub fn request(&self, prompt: &str, seed: u64, size: usize) -> GenerationRequest {
+        GenerationRequest {
+            steps: self.steps,
+            guidance_scale: self.guidance,
+            seed,
+            rng: RngKind::Brume,
+            eta: self.eta,
+            sampler: Some(self.kind),
+            ..GenerationRequest::new(prompt, size)
+        }
+    }
+
+    /// The settings as a title line prints them.
+    pub fn describe(&self) -> String {
+        format!(
+            "{}, {} steps, guidance {}{}",
+            self.kind.cli_name(),
+            self.steps,
+            self.guidance,
+            if self.eta != 0.0 { format!(", eta {}", self.eta) } else { String::new() }
+        )
+    }
 }
 
 /// Generates held-out prompts (fixed seeds, brume RNG) at the model's native
@@ -285,56 +374,24 @@ pub fn judge_held_out(
     opts: &brume::pipelines::RunOptions,
 ) -> anyhow::Result<(Adherence, Vec<image::RgbImage>)> {
     let size = model.default_size();
-    let HeldOutRun { steps, guidance, eta, kind, .. } = *run;
     let end = run.from.checked_add(run.count).filter(|&e| e <= MAX_HELD_OUT).ok_or_else(|| {
         anyhow::anyhow!("--from {} + --count {} is past the {MAX_HELD_OUT} held-out prompts the eval draws from", run.from, run.count)
     })?;
     let prompts = brume_world::scene::held_out_prompts(end).split_off(run.from);
-    let mut tally: BTreeMap<&'static str, (usize, usize)> = BTreeMap::new();
-    let mut all_correct = 0usize;
-    let mut asked: BTreeMap<(&'static str, String), Asked> = BTreeMap::new();
+    let mut tally = Tally::default();
     let mut tiles = Vec::with_capacity(prompts.len());
     for (i, (caption, seed)) in prompts.iter().enumerate() {
         let spec = brume_world::caption::parse_caption(caption)
             .map_err(|e| anyhow::anyhow!("held-out prompt `{caption}` does not parse: {e}"))?;
-        let req = GenerationRequest {
-            steps,
-            guidance_scale: guidance,
-            seed: *seed,
-            rng: RngKind::Brume,
-            eta,
-            sampler: Some(kind),
-            ..GenerationRequest::new(caption.clone(), size)
-        };
+        let req = run.request(caption, *seed, size);
         let mut noise = noise_source(req.rng, req.seed);
         let out = txt2img(model, &req, opts, noise.as_mut(), None, &mut |_| Flow::Continue)?;
         let img = to_rgb8(&out.image)?;
-        let verdict = brume_world::judge::judge(&img, &spec);
-        let mut count = |name: &'static str, ok: bool| {
-            let e = tally.entry(name).or_default();
-            e.0 += ok as usize;
-            e.1 += 1;
-        };
-        for (name, ok) in verdict.attributes() {
-            count(name, ok);
-        }
-        // The shape once more by the size the caption asks for: small objects span three
-        // or four latent cells of a 128 px image, and that is where shapes are lost.
-        for (o, v) in spec.objects.iter().zip(&verdict.objects) {
-            let seen = v.detected.as_ref();
-            asked.entry(("colour", o.colour.to_string())).or_default().add(v.colour, seen.map(|d| d.colour.to_string()));
-            asked.entry(("shape", o.shape.to_string())).or_default().add(v.shape, seen.map(|d| d.shape.to_string()));
-            match o.size {
-                Some(brume_world::scene::Size::Small) => count("shape_small", v.shape),
-                Some(brume_world::scene::Size::Large) => count("shape_large", v.shape),
-                None => {}
-            }
-        }
-        all_correct += verdict.all_correct() as usize;
+        tally.add(&spec, &brume_world::judge::judge(&img, &spec));
         tiles.push(img);
         eprint!("\r{}/{}", i + 1, prompts.len());
     }
-    Ok((Adherence { attributes: tally, all_correct, prompts, asked }, tiles))
+    Ok((Adherence { tally, prompts, run: *run }, tiles))
 }
 
 /// The Wilson score interval (95 %) of `ok` successes in `n` trials.
@@ -370,42 +427,19 @@ fn adherence(a: AdherenceArgs) -> anyhow::Result<()> {
     let opts = a.memory.plan(&model, &probe, Job::GenerateAtSize)?.opts;
     let run = HeldOutRun { from: a.from, count: a.count, steps, guidance, eta: a.eta, kind };
     let (scores, tiles) = judge_held_out(&model, &run, &opts)?;
-    let (tally, all_correct) = (scores.attributes, scores.all_correct);
-    let prompts = scores.prompts;
+    let prompts = &scores.prompts;
     eprintln!();
     let secs = start.elapsed().as_secs_f64();
     println!(
-        "prompt adherence of {} ({}) on {} held-out prompts{} ({}, {} steps, guidance {}{}, {} px)",
+        "prompt adherence of {} ({}) on {} held-out prompts{} ({}, {} px)",
         model.name,
         model.unet_folder,
         prompts.len(),
         if a.from > 0 { format!(" from #{}", a.from) } else { String::new() },
-        kind.cli_name(),
-        steps,
-        guidance,
-        if a.eta != 0.0 { format!(", eta {}", a.eta) } else { String::new() },
+        run.describe(),
         size
     );
-    println!("{:<20} {:>9} {:>8} {:>15}", "attribute", "accuracy", "n", "95% interval");
-    let row = |name: &str, ok: usize, n: usize| {
-        let (lo, hi) = wilson_interval(ok, n);
-        println!("{:<20} {:>8.1}% {:>8} {:>6.1} - {:>5.1}", name, 100.0 * ok as f64 / n as f64, n, 100.0 * lo, 100.0 * hi);
-    };
-    for (name, &(ok, n)) in &tally {
-        row(name, ok, n);
-    }
-    row("all attributes", all_correct, prompts.len());
-    // Which colours and shapes a model misses, and what it draws instead: where the next
-    // training run should look.
-    for what in ["colour", "shape"] {
-        println!("{:<20} {:>9} {:>8}   seen instead (top 3)", format!("by {what} asked for"), "accuracy", "n");
-        for ((_, name), a) in scores.asked.iter().filter(|((w, _), _)| *w == what) {
-            let mut instead: Vec<(&String, &usize)> = a.instead.iter().collect();
-            instead.sort_by(|x, y| y.1.cmp(x.1).then(x.0.cmp(y.0)));
-            let instead: Vec<String> = instead.iter().take(3).map(|(k, v)| format!("{k} {v}")).collect();
-            println!("  {:<18} {:>8.1}% {:>8}   {}", name, 100.0 * a.ok as f64 / a.n.max(1) as f64, a.n, instead.join(", "));
-        }
-    }
+    scores.tally.print();
     println!("{:.2} images/s ({:.1} s in all)", prompts.len() as f64 / secs, secs);
 
     // Contact sheet: tiles in prompt order, prompts in a text file beside it.

@@ -7,6 +7,7 @@ pub mod bench_speed;
 pub mod doctor;
 pub mod edit;
 pub mod eval;
+pub mod eval_edits;
 pub mod generate;
 pub mod info;
 pub mod inspect;
