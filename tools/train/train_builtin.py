@@ -1380,29 +1380,30 @@ def stage_lcm(a, budget, D, te, teacher, lat_mean, lat_std, sf, work):
 # export
 
 
-def write_sampling_defaults(unet_dir, guidance, steps):
-    """The settings `brume generate` uses for this UNet when the command line gives none
-    (unet/sampling_defaults.json; diffusers ignores the file)."""
+def write_sampling_defaults(unet_dir, guidance, steps, strength):
+    """The settings `brume generate` and `brume edit` use for this UNet when the command line gives
+    none (unet/sampling_defaults.json; diffusers ignores the file)."""
     (unet_dir / "sampling_defaults.json").write_text(json.dumps(
-        {"guidance_scale": guidance, "num_inference_steps": steps}, indent=2) + "\n")
+        {"guidance_scale": guidance, "num_inference_steps": steps, "strength": strength}, indent=2) + "\n")
 
 
 def write_pipeline(dst, te, tok, unet, vae, unet_lcm=None, a=None):
     """fp16 diffusers folder at dst (must not exist): SD1 pipeline with DDIM, the CLIP tokenizer copied
     from the SD1.5 fixture, and optionally unet_lcm/ + scheduler_lcm/; with the arguments `a`, each
-    UNet's sampling_defaults.json (--default-guidance / --ddim-steps, --lcm-guidance / 4 steps)."""
+    UNet's sampling_defaults.json (--default-guidance / --ddim-steps / --default-strength, --lcm-guidance / 4 steps
+    / --lcm-strength)."""
     pipe = make_pipe(copy.deepcopy(te).half().cpu(), tok, copy.deepcopy(unet).half().cpu(),
                      copy.deepcopy(vae).half().cpu(), ddim_scheduler())
     pipe.save_pretrained(dst, safe_serialization=True)
     shutil.rmtree(dst / "tokenizer")
     shutil.copytree(TOKENIZER_SRC, dst / "tokenizer")
     if a is not None:
-        write_sampling_defaults(dst / "unet", a.default_guidance, a.ddim_steps)
+        write_sampling_defaults(dst / "unet", a.default_guidance, a.ddim_steps, a.default_strength)
     if unet_lcm is not None:
         copy.deepcopy(unet_lcm).half().cpu().save_pretrained(dst / "unet_lcm", safe_serialization=True)
         lcm_scheduler().save_pretrained(dst / "scheduler_lcm")
         if a is not None:
-            write_sampling_defaults(dst / "unet_lcm", a.lcm_guidance, 4)
+            write_sampling_defaults(dst / "unet_lcm", a.lcm_guidance, 4, a.lcm_strength)
     for p in dst.rglob("*"):
         os.chmod(p, 0o755 if p.is_dir() else 0o644)  # save_pretrained leaves 0600 weight files
 
@@ -1549,7 +1550,12 @@ def parse_args():
     p.add_argument("--default-guidance", type=float, default=3.5,
                    help="guidance_scale written to unet/sampling_defaults.json, what brume generate uses by default "
                         "(3.5: chosen for run 13 on held-out prompts 200-599, see README.md, 'Default guidance')")
+    p.add_argument("--default-strength", type=float, default=0.6,
+                   help="img2img strength written to unet/sampling_defaults.json (brume edit's default)")
     # LCM
+    p.add_argument("--lcm-strength", type=float, default=0.75,
+                   help="img2img strength written to unet_lcm/sampling_defaults.json: 3 of 4 steps, from timestep 759; "
+                        "0.6 runs 2 from 499 and recolours a third fewer objects (README.md, 'Edits')")
     p.add_argument("--lcm-cond-dim", type=int, default=32)
     p.add_argument("--lcm-lr", type=float, default=2e-4)
     p.add_argument("--lcm-batch", type=int, default=32)

@@ -98,6 +98,21 @@ fn generate_takes_the_models_own_settings_unless_told_otherwise() {
     let info = run_ok(&["info", "c.png"], d);
     let (steps, g) = builtin_defaults("unet_lcm");
     assert!(info.contains(&format!("Steps: {steps}, Sampler: lcm, CFG scale: {g},")), "{info}");
+    // img2img's strength too: each UNet's own (a share of its steps), unless given.
+    let strength = |unet: &str| -> f64 {
+        let path = fixtures().join(format!("../models/builtin/{unet}/sampling_defaults.json"));
+        let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        v["strength"].as_f64().unwrap()
+    };
+    assert!(strength("unet_lcm") > strength("unet"), "four LCM steps need more strength than 25 DDIM steps");
+    for (unet, args, want) in [
+        ("unet", &[][..], strength("unet")),
+        ("unet_lcm", &[][..], strength("unet_lcm")),
+        ("unet_lcm", &["--strength", "0.5"][..], 0.5),
+    ] {
+        let out = run_ok(&[&["edit", "a blue circle", "--image", "c.png", "--unet", unet, "--out", "e.png", "--force"][..], args].concat(), d);
+        assert!(out.contains(&format!("strength {want},")), "{unet} {args:?}: {out}");
+    }
 }
 
 fn run_ok(args: &[&str], dir: &std::path::Path) -> String {

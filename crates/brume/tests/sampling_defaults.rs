@@ -40,6 +40,11 @@ fn the_builtin_model_brings_its_own_settings() {
     let r = lcm.sampling_settings(own, None, None).unwrap();
     assert_eq!(r.steps, 4);
     assert_eq!(Some(r.guidance_scale), lcm.sampling.guidance_scale);
+    // img2img strength is a share of the steps: four LCM steps need a larger one than
+    // twenty-five DDIM steps to start from as much noise (`brume eval edits`).
+    assert_eq!(model.sampling.img2img_strength(None), 0.6);
+    assert_eq!(lcm.sampling.img2img_strength(None), 0.75);
+    assert_eq!(lcm.sampling.img2img_strength(Some(0.3)), 0.3);
 }
 
 #[test]
@@ -51,7 +56,8 @@ fn a_model_that_says_nothing_gets_the_usual_defaults() {
     assert_eq!(none.resolve(SamplerKind::Tcd, SamplerKind::Ddim, None, None), Resolved { steps: 4, guidance_scale: 7.5 });
     // A file may name one setting and leave the other.
     let only = written(r#"{"num_inference_steps": 30}"#).unwrap();
-    assert_eq!(only, SamplingDefaults { guidance_scale: None, steps: Some(30) });
+    assert_eq!(only, SamplingDefaults { guidance_scale: None, steps: Some(30), strength: None });
+    assert_eq!(only.img2img_strength(None), sampling_defaults::STRENGTH);
     assert_eq!(only.resolve(SamplerKind::Ddim, SamplerKind::Ddim, None, None), Resolved { steps: 30, guidance_scale: 7.5 });
 }
 
@@ -66,6 +72,9 @@ fn a_bad_file_is_an_error_naming_it_and_the_field() {
         (r#"{"num_inference_steps": 2.5}"#, "num_inference_steps"),
         (r#"{"num_inference_steps": 100000}"#, "num_inference_steps"),
         (r#"{"guidance": 4}"#, "guidance"),
+        (r#"{"strength": 0}"#, "strength"),
+        (r#"{"strength": 1.5}"#, "strength"),
+        (r#"{"strength": "NaN"}"#, "strength"),
     ] {
         let e = written(text).unwrap_err();
         assert!(e.contains(sampling_defaults::FILE) && e.contains(field), "{text}: {e}");

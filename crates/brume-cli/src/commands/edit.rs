@@ -23,8 +23,8 @@ pub struct Args {
     /// Outpainting: pixels to add as LEFT,TOP,RIGHT,BOTTOM (e.g. 0,0,128,0).
     #[arg(long, value_delimiter = ',')]
     extend: Option<Vec<usize>>,
-    /// How much to change: 0 keeps the image, 1 repaints fully (img2img default 0.6;
-    /// inpainting and outpainting default 1.0).
+    /// How much to change: 0 keeps the image, 1 repaints fully (img2img default: the
+    /// model's own in its sampling_defaults.json, else 0.6; inpainting and outpainting 1.0).
     #[arg(long)]
     strength: Option<f64>,
     /// Inpainting: feather the pasted edge over this many pixels inside the mask.
@@ -100,7 +100,10 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         height: h,
         ..req
     };
-    let strength = strength.unwrap_or(if mode == Mode::Img2img { 0.6 } else { 1.0 });
+    let strength = match mode {
+        Mode::Img2img => model.sampling.img2img_strength(strength),
+        _ => strength.unwrap_or(1.0),
+    };
     let paths = g.outputs(req.batch)?;
     let mut recipe = Recipe::new(mode, &req, kind, &model);
     recipe.strength = Some(strength);

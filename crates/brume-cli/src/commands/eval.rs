@@ -182,7 +182,8 @@ fn showcase(a: ShowcaseArgs) -> anyhow::Result<()> {
     let edit = GenerationRequest { prompt: a.edit_prompt.clone(), ..base.clone() };
     let mut edits = vec![source.clone()];
     let mut noise = noise_source(edit.rng, edit.seed);
-    let out = brume::pipelines::img2img(&model, &edit, &image, 0.6, &opts, noise.as_mut(), None, &mut |_| Flow::Continue)?;
+    let strength = model.sampling.img2img_strength(None);
+    let out = brume::pipelines::img2img(&model, &edit, &image, strength, &opts, noise.as_mut(), None, &mut |_| Flow::Continue)?;
     edits.push(to_rgb8(&out.image)?);
     let s = size as u32;
     let mask_img = image::GrayImage::from_fn(s, s, |x, _| image::Luma([if x < s / 2 { 255 } else { 0 }]));
@@ -218,7 +219,7 @@ fn showcase(a: ShowcaseArgs) -> anyhow::Result<()> {
         &mut |_| Flow::Continue,
     )?;
     edits.push(to_rgb8(&out.image)?);
-    listing.push_str("row 1: source (ddim) | img2img 0.6 (edit prompt) | inpaint mask | inpainted left half (edit prompt) | outpainted by half a tile to the right (prompt), at its full width\n");
+    listing.push_str(&format!("row 1: source (ddim) | img2img {strength} (edit prompt) | inpaint mask | inpainted left half (edit prompt) | outpainted by half a tile to the right (prompt), at its full width\n"));
     let img = sheet(&[samplers_row, edits], size as u32);
     save_png(&img, &a.out, None).with_context(|| format!("writing {}", a.out.display()))?;
     write_listing(&txt, &format!("prompt: {}\nedit prompt: {}\n{listing}", a.prompt, a.edit_prompt))?;

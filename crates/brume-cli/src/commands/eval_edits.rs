@@ -34,9 +34,10 @@ pub struct EditsArgs {
     /// `eval adherence`).
     #[arg(long, default_value_t = 0)]
     from: usize,
-    /// img2img strength (`brume edit`'s default: 0.6).
-    #[arg(long, default_value_t = 0.6)]
-    strength: f64,
+    /// img2img strength (default: the model's own, as `brume edit` takes it: 0.6 for the
+    /// built-in DDIM UNet, 0.75 for its four-step LCM UNet).
+    #[arg(long)]
+    strength: Option<f64>,
     /// Inpainting strength (`brume edit`'s default: 1.0, a full repaint inside the mask).
     #[arg(long, default_value_t = 1.0)]
     inpaint_strength: f64,
@@ -72,8 +73,8 @@ pub fn edits(a: EditsArgs) -> anyhow::Result<()> {
     if a.count == 0 || a.columns == 0 {
         bail!("--count and --columns must be positive");
     }
-    for (name, s) in [("--strength", a.strength), ("--inpaint-strength", a.inpaint_strength)] {
-        if !(s > 0.0 && s <= 1.0) {
+    for (name, s) in [("--strength", a.strength), ("--inpaint-strength", Some(a.inpaint_strength))] {
+        if let Some(s) = s.filter(|s| !(*s > 0.0 && *s <= 1.0)) {
             bail!("{name} must be in (0, 1], got {s}");
         }
     }
@@ -90,6 +91,7 @@ pub fn edits(a: EditsArgs) -> anyhow::Result<()> {
     let sampler = a.sampler.as_deref().map(SamplerKind::parse).transpose()?;
     let kind = model.sampler_kind(sampler)?;
     let settings = model.sampling_settings(kind, a.steps, a.guidance)?;
+    let strength = model.sampling.img2img_strength(a.strength);
     let run = HeldOutRun { from: a.from, count: a.count, steps: settings.steps, guidance: settings.guidance_scale, eta: 0.0, kind };
     let probe = run.request("", 0, size);
     let opts = a.memory.plan(&model, &probe, Job::Edit)?.opts;
@@ -113,7 +115,7 @@ pub fn edits(a: EditsArgs) -> anyhow::Result<()> {
 
         let source = render(&case.recoloured, size as u32);
         let mut noise = noise_source(req.rng, req.seed);
-        let out = img2img(&model, &req, &rgb_to_tensor(&source)?, a.strength, &opts, noise.as_mut(), None, &mut |_| Flow::Continue)
+        let out = img2img(&model, &req, &rgb_to_tensor(&source)?, strength, &opts, noise.as_mut(), None, &mut |_| Flow::Continue)
             .with_context(|| format!("img2img towards `{}`", case.caption))?;
         let edited = to_rgb8(&out.image)?;
         judged(&mut recolour, &edited, false);
@@ -153,7 +155,7 @@ pub fn edits(a: EditsArgs) -> anyhow::Result<()> {
             size
         )
     };
-    title(&format!("img2img at strength {}: the first object recoloured", a.strength));
+    title(&format!("img2img at strength {strength}: the first object recoloured"));
     recolour.print();
     println!();
     title(&format!("inpainting at strength {}: the first object replaced (another shape and colour) inside a mask over it", a.inpaint_strength));
