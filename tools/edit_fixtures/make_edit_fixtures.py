@@ -15,6 +15,11 @@ tools/parity/make_fixtures.py). Writes, under fixtures/edit/:
   inpaint_9ch/                 StableDiffusionInpaintPipeline with a 9-channel UNet; model/ is the complete pipeline
                                folder (text encoder / tokenizer / VAE / scheduler copied from pipeline_sd1)
   inpaint_4ch/                 StableDiffusionInpaintPipeline with pipeline_sd1's ordinary 4-channel UNet
+  img2img_lcm_pipeline/        LatentConsistencyModelImg2ImgPipeline: pipeline_sd1's text encoder / tokenizer / VAE,
+                               the LCM UNet LCM_UNET, LCMScheduler; strength 0.6, 4 steps, guidance 3.5, seed 7;
+                               model/ holds model_index.json, scheduler/ and that UNet (unet/: pipeline_sd1's UNet
+                               config + time_cond_proj_dim 16, weights drawn anew), nothing of pipeline_sd1
+  img2img_lcm_sd_pipeline/     the same components through StableDiffusionImg2ImgPipeline (4-step schedule, 2 run)
 
 Each case folder has io.safetensors (out.*, noise.<k>) and meta.json (parameters, preprocessing facts, noise draw
 order). Every random tensor diffusers draws (all go through diffusers.utils.torch_utils.randn_tensor) is captured
@@ -50,11 +55,16 @@ from safetensors.torch import save_file  # noqa: E402
 import diffusers  # noqa: E402
 import diffusers.utils.torch_utils as torch_utils  # noqa: E402
 from diffusers import (  # noqa: E402
+    AutoencoderKL,
     DiffusionPipeline,
+    LatentConsistencyModelImg2ImgPipeline,
+    LatentConsistencyModelPipeline,
+    LCMScheduler,
     StableDiffusionImg2ImgPipeline,
     StableDiffusionInpaintPipeline,
     UNet2DConditionModel,
 )
+from transformers import CLIPTextModel, CLIPTokenizer  # noqa: E402
 
 import make_fixtures as mf  # noqa: E402  (tools/parity/make_fixtures.py: randomize_, stats, VERSIONS, ...)
 
@@ -64,6 +74,13 @@ SD1 = REPO / "fixtures" / "parity" / "pipeline_sd1" / "model"
 DEFAULT_OUT = REPO / "fixtures" / "edit"
 PROMPT = "a red circle on a blue background"
 UNET9_SEED = 211  # weight seed of the 9-channel inpainting UNet (randomize_ recipe of tools/parity)
+# LCM UNet of the img2img_lcm_* cases: pipeline_sd1's UNet config with time_cond_proj_dim 16, weights drawn anew
+# (fixtures/parity/unet_lcm's cross_attention_dim is 24, not pipeline_sd1's CLIP hidden size 8); main() writes it here.
+LCM_UNET = REPO / "fixtures" / "edit" / "img2img_lcm_pipeline" / "model" / "unet"
+LCM_UNET_SEED = 305
+LCM_COND_DIM = 16
+LCM_SCHED_KW = {"original_inference_steps": 50, "timestep_scaling": 10.0}  # LCMScheduler.from_config(<sd1 cfg>, **)
+LCM_STRENGTH, LCM_STEPS, LCM_GUIDANCE, LCM_SEED = 0.6, 4, 3.5, 7
 REPLAY_SEED = 123456  # generator seed of the replay check (must not matter)
 H = W = 64
 
@@ -293,6 +310,9 @@ def describe_draws(draws: list, kind: str, strength: float, unet_in: int) -> lis
                 purpose = ("add_noise noise: latents = scheduler.add_noise(image_latents, noise, timesteps[0]); "
                            "the SAME tensor is reused (no new draw) to re-noise image_latents to timesteps[i+1] "
                            "after every step but the last" + (" (4-channel UNet blend)" if unet_in == 4 else ""))
+        elif "LCMScheduler.step" in path:
+            purpose = ("LCM step noise z: prev_sample = sqrt(acp[prev_t]) * denoised + sqrt(1 - acp[prev_t]) * z, "
+                       "drawn in every LCMScheduler.step whose step_index != num_inference_steps - 1")
         else:
             purpose = "unexpected"
         res.append({"name": f"noise.{k}", "shape": list(t.shape), "dtype": str(t.dtype).replace("torch.", ""),
@@ -422,6 +442,20 @@ def build_unet9(model_dir: Path) -> dict:
     init = mf.randomize_(unet, UNET9_SEED)
     unet.save_pretrained(model_dir / "unet", safe_serialization=True)
     re = UNet2DConditionModel.from_pretrained(model_dir / "unet").eval()
+    for (n, a), (_, b) in zip(unet.state_dict().items(), re.state_dict().items()):
+        assert torch.equal(a, b), n
+    return init
+
+
+def build_lcm_unet(unet_dir: Path) -> dict:
+    """pipeline_sd1's UNet config with time_cond_proj_dim LCM_COND_DIM, re-randomised (tools/parity randomize_ recipe)."""
+    cfg = json.loads((SD1 / "unet" / "config.json").read_text())
+    cfg = {k: v for k, v in cfg.items() if not k.startswith("_")}
+    cfg["time_cond_proj_dim"] = LCM_COND_DIM
+    unet = UNet2DConditionModel.from_config(cfg).eval()
+    init = mf.randomize_(unet, LCM_UNET_SEED)
+    unet.save_pretrained(unet_dir, safe_serialization=True)
+    re = UNet2DConditionModel.from_pretrained(unet_dir).eval()
     for (n, a), (_, b) in zip(unet.state_dict().items(), re.state_dict().items()):
         assert torch.equal(a, b), n
     return init
@@ -564,6 +598,281 @@ def case_inpaint(root: Path, name: str, model_dir: Path, image_png: Path, mask_p
     return meta
 
 
+# ----------------------------------------------------------------------------------------------------------------------
+# LCM img2img: the LCM-distilled tiny UNet with pipeline_sd1's text encoder / tokenizer / VAE, LCMScheduler
+# ----------------------------------------------------------------------------------------------------------------------
+def _rel(p: Path) -> str:
+    try:
+        return str(Path(p).resolve().relative_to(REPO))
+    except ValueError:
+        return str(p)
+
+
+def lcm_unet_check() -> dict:
+    """The LCM UNet must take pipeline_sd1's prompt embeddings and latents: cross_attention_dim == pipeline_sd1 UNet's
+    == CLIP hidden size, in/out channels equal, time_cond_proj_dim set."""
+    lcm = json.loads((LCM_UNET / "config.json").read_text())
+    sd1 = json.loads((SD1 / "unet" / "config.json").read_text())
+    te = json.loads((SD1 / "text_encoder" / "config.json").read_text())
+    res = {"lcm_unet": _rel(LCM_UNET), "pipeline_sd1_unet": _rel(SD1 / "unet")}
+    for k in ("cross_attention_dim", "in_channels", "out_channels", "block_out_channels", "sample_size"):
+        res[k] = {"lcm": lcm[k], "pipeline_sd1": sd1[k]}
+    res["text_encoder_hidden_size"] = te["hidden_size"]
+    res["time_cond_proj_dim"] = lcm["time_cond_proj_dim"]
+    bad = [k for k in ("cross_attention_dim", "in_channels", "out_channels") if lcm[k] != sd1[k]]
+    if lcm["cross_attention_dim"] != te["hidden_size"]:
+        bad.append("cross_attention_dim != text_encoder hidden_size")
+    if not lcm.get("time_cond_proj_dim"):
+        bad.append("time_cond_proj_dim not set")
+    if bad:
+        raise SystemExit(f"{_rel(LCM_UNET)} does not fit pipeline_sd1 ({'; '.join(bad)}): {json.dumps(res)}")
+    res["matches"] = True
+    return res
+
+
+def make_lcm_scheduler() -> LCMScheduler:
+    """LCMScheduler.from_config(<pipeline_sd1 scheduler config>, original_inference_steps=50, timestep_scaling=10)."""
+    return LCMScheduler.from_config(json.loads((SD1 / "scheduler" / "scheduler_config.json").read_text()),
+                                    **LCM_SCHED_KW)
+
+
+def lcm_scheduler_config(s: LCMScheduler) -> dict:
+    return json.loads(s.to_json_string())  # what save_pretrained writes to scheduler_config.json
+
+
+def lcm_components() -> dict:
+    return dict(vae=AutoencoderKL.from_pretrained(SD1 / "vae").eval(),
+                text_encoder=CLIPTextModel.from_pretrained(SD1 / "text_encoder").eval(),
+                tokenizer=CLIPTokenizer.from_pretrained(SD1 / "tokenizer"),
+                unet=UNet2DConditionModel.from_pretrained(LCM_UNET).eval(),
+                scheduler=make_lcm_scheduler())
+
+
+def write_lcm_model_folder(model_dir: Path) -> None:
+    """model_index.json (LatentConsistencyModelPipeline.save_config) + scheduler/scheduler_config.json, no weights;
+    checked by assembling a complete folder (pipeline_sd1's text_encoder/tokenizer/vae, LCM_UNET) and loading it."""
+    import tempfile
+
+    c = lcm_components()
+    pipe = LatentConsistencyModelPipeline(**c, safety_checker=None, feature_extractor=None,
+                                          requires_safety_checker=False)
+    model_dir.mkdir(parents=True, exist_ok=True)
+    pipe.save_config(model_dir)  # writes model_index.json only
+    c["scheduler"].save_pretrained(model_dir / "scheduler")
+    assert sorted(p.name for p in model_dir.iterdir()) == ["model_index.json", "scheduler", "unet"]
+    with tempfile.TemporaryDirectory() as td:
+        t = Path(td)
+        shutil.copytree(model_dir, t, dirs_exist_ok=True)
+        for sub in ("text_encoder", "tokenizer", "vae"):
+            shutil.copytree(SD1 / sub, t / sub)
+        if not (t / "unet").exists():
+            shutil.copytree(LCM_UNET, t / "unet")
+        re = DiffusionPipeline.from_pretrained(t, safety_checker=None, requires_safety_checker=False)
+        assert type(re) is LatentConsistencyModelPipeline, type(re)
+        assert type(re.scheduler) is LCMScheduler
+        assert lcm_scheduler_config(re.scheduler) == lcm_scheduler_config(c["scheduler"])
+        for m in ("unet", "vae", "text_encoder"):
+            for (n, a), (_, b) in zip(getattr(pipe, m).state_dict().items(), getattr(re, m).state_dict().items()):
+                assert torch.equal(a, b), (m, n)
+
+
+def case_img2img_lcm(root: Path, name: str, which: str, image_png: Path, unet_check: dict) -> dict:
+    strength, steps, guidance, seed = LCM_STRENGTH, LCM_STEPS, LCM_GUIDANCE, LCM_SEED
+    c = lcm_components()
+    sched_cfg = lcm_scheduler_config(c["scheduler"])
+    cls = LatentConsistencyModelImg2ImgPipeline if which == "lcm" else StableDiffusionImg2ImgPipeline
+    pipe = cls(**c, safety_checker=None, feature_extractor=None, requires_safety_checker=False)
+    pipe.set_progress_bar_config(disable=True)
+    image = Image.open(image_png)
+    image.load()
+
+    unet_calls = []  # (sample, t, encoder_hidden_states, timestep_cond, model output) of every UNet call
+    orig_fwd = pipe.unet.forward
+
+    def fwd(sample, timestep, *a, **k):
+        o = orig_fwd(sample, timestep, *a, **k)
+        tc = k.get("timestep_cond")
+        unet_calls.append((sample.detach().clone(), int(timestep), k["encoder_hidden_states"].detach().clone(),
+                           None if tc is None else tc.detach().clone(), o[0].detach().clone()))
+        return o
+
+    pipe.unet.forward = fwd
+    kwargs = dict(prompt=PROMPT, image=image, strength=strength, num_inference_steps=steps, guidance_scale=guidance)
+    r, draws = run_case(pipe, "img2img", kwargs, seed)
+    del pipe.unet.forward
+    out = r["out"]
+    assert torch.equal(out["init_image"], img_tensor_from_png(image_png))
+    ts = out["timesteps"].tolist()
+    n = len(ts)
+    sch = pipe.scheduler
+    full = sch.timesteps.tolist()  # after the last call
+
+    # ---- timesteps, derived independently
+    k_skip = sch.config.num_train_timesteps // sch.config.original_inference_steps  # 20
+    origin_full = (np.arange(1, sch.config.original_inference_steps + 1) * k_skip - 1)[::-1]
+    pick = np.floor(np.linspace(0, len(origin_full), steps, endpoint=False)).astype(np.int64)
+    sched_full = origin_full[pick].tolist()  # [999, 759, 499, 259]: the schedule at strength 1
+    if which == "lcm":
+        n_origin = int(sch.config.original_inference_steps * strength)  # 30
+        origin = (np.arange(1, n_origin + 1) * k_skip - 1)[::-1]
+        pick_s = np.floor(np.linspace(0, len(origin), steps, endpoint=False)).astype(np.int64)
+        assert ts == full == origin[pick_s].tolist() and n == steps
+        step_idx = list(range(n))  # scheduler step_index of each step run; num_inference_steps = 4
+    else:
+        init_t = min(int(steps * strength), steps)
+        t_start = steps - init_t
+        assert full == sched_full and ts == sched_full[t_start:] and sch.begin_index == t_start
+        step_idx = list(range(t_start, steps))
+    assert sch.num_inference_steps == steps
+    assert max(ts) < 1000 * strength if which == "lcm" else True
+    noisy_steps = [i for i, si in enumerate(step_idx) if si != steps - 1]  # steps that draw z
+    prev_ts = [ts[i + 1] if i + 1 < n else ts[i] for i in range(n)]
+
+    # ---- draws: VAE sample, add_noise noise, then one per LCM step but the scheduler's last
+    assert len(draws) == 2 + len(noisy_steps), len(draws)
+    assert "DiagonalGaussianDistribution.sample" in draws[0][1] and draws[1][1].endswith("prepare_latents")
+    assert all(p.endswith("LCMScheduler.step") for _, p in draws[2:])
+    assert len(r["add_noise_calls"]) == 1
+    x0, nz, tt = r["add_noise_calls"][0]
+    assert torch.equal(nz, draws[1][0]) and tt.tolist() == [ts[0]] and torch.equal(x0, out["init_latents"])
+
+    # ---- UNet calls: no CFG (batch 1, prompt embeds only), timestep_cond = w-embedding of guidance - 1
+    with torch.no_grad():
+        pe, ne = pipe.encode_prompt(PROMPT, torch.device("cpu"), 1, False, None)
+        w_emb = pipe.get_guidance_scale_embedding(torch.tensor([guidance - 1.0]),
+                                                  embedding_dim=pipe.unet.config.time_cond_proj_dim)
+    assert ne is None
+    assert len(unet_calls) == 6 * n and [cl[1] for cl in unet_calls[:n]] == ts
+    for s_, _, ehs, tc, _ in unet_calls:
+        assert s_.shape[0] == 1 and torch.equal(ehs, pe) and torch.equal(tc, w_emb)
+
+    # ---- the LCM step, re-computed (float32, same op order as the scheduler up to rounding)
+    acp = sch.alphas_cumprod
+    sd = sch.config.timestep_scaling
+    zs = iter([t for t, _ in draws[2:]])
+    x = sch.alphas_cumprod[ts[0]].sqrt() * out["init_latents"] + (1 - acp[ts[0]]).sqrt() * draws[1][0]
+    for i, t in enumerate(ts):
+        s_, _, _, _, eps = unet_calls[i]
+        assert torch.allclose(s_, x, rtol=0, atol=1e-5), i
+        c_skip = 0.25 / ((t * sd) ** 2 + 0.25)
+        c_out = (t * sd) / ((t * sd) ** 2 + 0.25) ** 0.5
+        den = c_out * (s_ - (1 - acp[t]).sqrt() * eps) / acp[t].sqrt() + c_skip * s_
+        x = acp[prev_ts[i]].sqrt() * den + (1 - acp[prev_ts[i]]).sqrt() * next(zs) if i in noisy_steps else den
+        assert torch.allclose(out["step_latents"][i], x, rtol=0, atol=1e-5), i
+        x = out["step_latents"][i]
+
+    out["prompt_embeds"] = pe
+    out["w_embedding"] = w_emb
+    sf = pipe.vae.config.scaling_factor
+    nd = describe_draws(draws, "img2img", strength, 4)
+    for j, i in enumerate(noisy_steps):
+        nd[2 + j]["purpose"] += (f"; step {i} (scheduler step_index {step_idx[i]}): t = {ts[i]} -> prev_t = "
+                                 f"{prev_ts[i]}")
+        nd[2 + j]["step"] = i
+    z_steps = ", ".join(f"step {i} (t {ts[i]} -> {prev_ts[i]}): noise.{2 + j}" for j, i in enumerate(noisy_steps))
+    lcm_math = (f"LCM step at t with prev_t: x0 = (x - sqrt(1-acp[t]) eps) / sqrt(acp[t]) (epsilon prediction, "
+                f"clip_sample False, thresholding False); s = t * timestep_scaling ({sd}); c_skip = 0.25/(s^2 + "
+                f"0.25); c_out = s/sqrt(s^2 + 0.25) (sigma_data 0.5); denoised = c_out x0 + c_skip x; "
+                f"x_prev = sqrt(acp[prev_t]) denoised + sqrt(1-acp[prev_t]) z with a NEW generator draw z when "
+                f"step_index != num_inference_steps - 1 ({steps - 1}), else x_prev = denoised (no draw); prev_t = "
+                f"the scheduler's next timestep (the step's own t on its last entry). acp = float32 alphas_cumprod of "
+                f"scaled_linear betas 0.00085..0.012 over 1000; final_alpha_cumprod (set_alpha_to_one False -> "
+                f"acp[0]) is never used here. scale_model_input is the identity. steps_offset / timestep_spacing / "
+                f"set_alpha_to_one of the DDIM config are carried in the LCM config but unused by its set_timesteps.")
+    if which == "lcm":
+        note = (f"LatentConsistencyModelImg2ImgPipeline passes strength to LCMScheduler.set_timesteps({steps}, "
+                f"strength={strength}) (there is no get_timesteps truncation): k = num_train_timesteps // "
+                f"original_inference_steps = 1000 // {sch.config.original_inference_steps} = {k_skip}; origin grid "
+                f"= [i*{k_skip} - 1 for i in 1..int({sch.config.original_inference_steps}*{strength}) = "
+                f"{n_origin}] = {origin[-1]}..{origin[0]}, reversed; indices floor(linspace(0, {n_origin}, {steps}, "
+                f"endpoint=False)) = {pick_s.tolist()} -> timesteps {ts}; all {n} run, scheduler step_index 0.."
+                f"{n - 1} (begin_index None, found by index_for_timestep); the start noise level is timesteps[0] = "
+                f"{ts[0]} (latent_timestep = timesteps[:1]), so every step runs below 1000*strength = "
+                f"{1000 * strength:g}. Step noise: {z_steps}; the last step ({ts[-1]}) draws none and returns "
+                f"denoised. The pipeline decodes the last step's `denoised` (== its prev_sample). "
+                f"Draw order: noise.0 VAE latent_dist.sample of init_image, noise.1 add_noise noise, then one per "
+                f"LCM step but the last. " + lcm_math)
+    else:
+        note = (f"StableDiffusionImg2ImgPipeline: LCMScheduler.set_timesteps({steps}) (strength 1): k = 1000 // "
+                f"{sch.config.original_inference_steps} = {k_skip}; origin grid [i*{k_skip} - 1 for i in 1.."
+                f"{sch.config.original_inference_steps}] reversed, indices floor(linspace(0, "
+                f"{sch.config.original_inference_steps}, {steps}, endpoint=False)) = {pick.tolist()} -> full "
+                f"schedule {sched_full}; get_timesteps: init_timestep = min(int({steps}*{strength}), {steps}) = "
+                f"{init_t}, t_start = {t_start}, run schedule[{t_start}:] = {ts} and set_begin_index({t_start}), so "
+                f"the scheduler's step_index runs {step_idx[0]}..{step_idx[-1]} with num_inference_steps {steps}; "
+                f"start noise level timesteps[0] = {ts[0]}. Step noise: {z_steps}; the last step ({ts[-1]}, "
+                f"step_index {steps - 1}) draws none and its prev_sample is denoised. No CFG "
+                f"(do_classifier_free_guidance = guidance_scale > 1 and time_cond_proj_dim is None -> False); "
+                f"timestep_cond = get_guidance_scale_embedding(guidance_scale - 1). The pipeline decodes the final "
+                f"latents (= the last denoised). Draw order: noise.0 VAE latent_dist.sample of init_image, noise.1 "
+                f"add_noise noise, then one per LCM step whose step_index != {steps - 1}. " + lcm_math)
+    pipe_name = "LatentConsistencyModelImg2ImgPipeline" if which == "lcm" else "StableDiffusionImg2ImgPipeline"
+    meta = {
+        "case": name,
+        "description": f"diffusers.{pipe_name}(vae, text_encoder, tokenizer (pipeline_sd1), unet ({_rel(LCM_UNET)}, "
+                       f"LCM-distilled, time_cond_proj_dim {unet_check['time_cond_proj_dim']}), scheduler "
+                       f"LCMScheduler), strength {strength}, {steps} steps -> {n} run, guidance {guidance} as "
+                       f"w-embedding (no CFG)",
+        "model": {"text_encoder": _rel(SD1 / "text_encoder"), "tokenizer": _rel(SD1 / "tokenizer"),
+                  "vae": _rel(SD1 / "vae"), "unet": _rel(LCM_UNET),
+                  "scheduler": f"LCMScheduler.from_config({_rel(SD1 / 'scheduler')} config, "
+                               + ", ".join(f"{k}={v}" for k, v in LCM_SCHED_KW.items()) + ")"},
+        "model_folder": (f"{name}/model: model_index.json + scheduler/scheduler_config.json only; assemble with "
+                         f"text_encoder/, tokenizer/, vae/ of {_rel(SD1)} and unet/ = {_rel(LCM_UNET)}"
+                         if which == "lcm" else None),
+        "model_index_class": "LatentConsistencyModelPipeline" if which == "lcm" else "StableDiffusionPipeline",
+        "pipeline_class": f"diffusers.{pipe_name}",
+        "pipeline_init": "safety_checker=None, feature_extractor=None, requires_safety_checker=False",
+        "call": {"prompt": PROMPT, "negative_prompt": None, "image": "input.png (PIL RGB, 64x64)",
+                 "strength": strength, "num_inference_steps": steps, "guidance_scale": guidance,
+                 "eta": "not passed (LCMScheduler.step has no eta)",
+                 "generator": f"torch.Generator('cpu').manual_seed({seed})", "output_type": ["np", "latent"]},
+        "prompt": PROMPT, "steps": steps, "strength": strength, "guidance": guidance, "seed": seed, "eta": None,
+        "timesteps_run": ts,
+        "full_schedule": full,
+        "schedule_at_strength_1": sched_full,
+        "scheduler_step_index": step_idx,
+        "prev_timesteps": prev_ts,
+        "scheduler_note": note,
+        "scheduler_config": sched_cfg,
+        "unet_check": unet_check,
+        "guidance_embedding": {"w": guidance - 1.0, "embedding_dim": pipe.unet.config.time_cond_proj_dim,
+                               "formula": "w*1000, half = dim/2, freq_i = exp(-ln(10000)/(half-1) * i), "
+                                          "[sin(w*1000*freq), cos(w*1000*freq)] (out.w_embedding [1,16])",
+                               "cfg": False},
+        "vae_scaling_factor": sf,
+        "preprocessing": {"image": IMAGE_PREPROCESS},
+        "algorithm": [
+            "prompt_embeds = text_encoder(prompt padded to 77) [1,77,8] (no CFG, no negative prompt)",
+            f"w_embedding = get_guidance_scale_embedding(guidance - 1 = {guidance - 1:g}, 16) (timestep_cond of "
+            "every UNet call)",
+            "init_image = preprocess(input.png) [1,3,64,64] in [-1,1] (out.init_image)",
+            "init_latents = scaling_factor * (mean + exp(0.5*logvar) * noise.0) of vae.encode(init_image) "
+            "(out.init_latents)",
+            "latents = scheduler.add_noise(init_latents, noise.1, timesteps_run[0]) = sqrt(acp[t0]) x0 + "
+            "sqrt(1-acp[t0]) noise.1",
+            f"for i, t in enumerate(timesteps_run): eps = unet(latents, t, prompt_embeds, timestep_cond=w_embedding) "
+            f"(batch 1); latents = lcm_step(eps, t, latents, prev_t = prev_timesteps[i], z = next noise if "
+            f"scheduler_step_index[i] != {steps - 1}) (out.step_latents[i] after step i)",
+            "out.latents = final latents (= last denoised); out.image = (vae.decode(latents / scaling_factor)/2 + "
+            "0.5).clamp(0,1) NHWC",
+        ],
+        "noise_draws": nd,
+        "outputs_note": "out.image [1,64,64,3] output_type='np'; out.latents output_type='latent'; out.init_latents "
+                        "scaled VAE sample (before add_noise); out.init_image the preprocessed image; "
+                        "out.step_latents[i] latents after step i (LCM prev_sample); out.timesteps the timesteps run "
+                        "(int64); out.prompt_embeds [1,77,8]; out.w_embedding [1,16] the UNet's timestep_cond",
+        "checks": COMMON_CHECKS + "; timesteps re-derived from the LCM formulas; every UNet call has batch 1, "
+                  "encoder_hidden_states == out.prompt_embeds and timestep_cond == out.w_embedding; the single "
+                  "add_noise call used out.init_latents, noise.1 and timesteps_run[0]; every step re-computed from "
+                  "the UNet output with the LCM formulas matches out.step_latents within 1e-5",
+    }
+    if which == "lcm":
+        meta["lcm_origin_grid"] = origin.tolist()
+    write_case(root / name, out, draws, meta, image_png, None)
+    return meta
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
@@ -604,6 +913,14 @@ def main() -> None:
         extra_meta={"description": "StableDiffusionInpaintPipeline.from_pretrained(fixtures/parity/pipeline_sd1/"
                     "model) (ordinary 4-channel UNet: the original is re-noised outside the mask after every step), "
                     "strength 0.75, 8 steps", "model": "fixtures/parity/pipeline_sd1/model"})
+    global LCM_UNET
+    LCM_UNET = root / "img2img_lcm_pipeline" / "model" / "unet"
+    lcm_init = build_lcm_unet(LCM_UNET)
+    lcm_check = dict(lcm_unet_check(), weight_seed=LCM_UNET_SEED, init=lcm_init, weight_init=mf.INIT_RECIPE)
+    write_lcm_model_folder(root / "img2img_lcm_pipeline" / "model")
+    summary["img2img_lcm_pipeline"] = case_img2img_lcm(root, "img2img_lcm_pipeline", "lcm", image_png, lcm_check)
+    summary["img2img_lcm_sd_pipeline"] = case_img2img_lcm(root, "img2img_lcm_sd_pipeline", "sd", image_png,
+                                                          lcm_check)
     # the shared copies live in the case folders
     image_png.unlink()
     mask_png.unlink()

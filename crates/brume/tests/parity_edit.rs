@@ -56,12 +56,61 @@ fn sd1() -> SdModel {
 }
 
 fn img2img_case(name: &str) {
+    img2img_case_on(name, &sd1());
+}
+
+/// The tiny SD1 pipeline with an LCM UNet (its UNet config + time_cond_proj_dim 16, the
+/// fixture's `model/unet`) and an `LCMScheduler`, under the `model_index.json` of `index_from`: an LCM case's own
+/// (`LatentConsistencyModelPipeline`) or pipeline_sd1's (`StableDiffusionPipeline`).
+fn lcm_folder(index_from: &std::path::Path) -> (tempfile::TempDir, SdModel) {
+    let tmp = tempfile::tempdir().unwrap();
+    let sd1 = fixtures().join("parity/pipeline_sd1/model");
+    let lcm_case = fixtures().join("edit/img2img_lcm_pipeline/model");
+    let copy_dir = |from: &std::path::Path, to: &std::path::Path| {
+        std::fs::create_dir_all(to).unwrap();
+        for e in std::fs::read_dir(from).unwrap() {
+            let e = e.unwrap();
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+    };
+    for part in ["text_encoder", "tokenizer", "vae"] {
+        copy_dir(&sd1.join(part), &tmp.path().join(part));
+    }
+    copy_dir(&lcm_case.join("unet"), &tmp.path().join("unet"));
+    copy_dir(&lcm_case.join("scheduler"), &tmp.path().join("scheduler"));
+    std::fs::copy(index_from.join("model_index.json"), tmp.path().join("model_index.json")).unwrap();
+    let model = SdModel::open(tmp.path(), &OpenOptions::default()).unwrap();
+    (tmp, model)
+}
+
+/// A `LatentConsistencyModelPipeline` folder: diffusers' LCM img2img pipeline hands strength
+/// to the scheduler, and all four steps run below timestep ~600.
+#[test]
+fn img2img_of_an_lcm_pipeline_folder() {
+    let (_tmp, model) = lcm_folder(&fixtures().join("edit/img2img_lcm_pipeline/model"));
+    assert!(model.is_lcm_pipeline());
+    img2img_case_on("img2img_lcm_pipeline", &model);
+}
+
+/// The same UNet and scheduler in a `StableDiffusionPipeline` folder: Stable Diffusion's
+/// img2img skips the first steps of the 4-step schedule instead (2 steps from 499).
+#[test]
+fn img2img_of_an_lcm_unet_in_a_stable_diffusion_folder() {
+    let (_tmp, model) = lcm_folder(&fixtures().join("parity/pipeline_sd1/model"));
+    assert!(!model.is_lcm_pipeline());
+    img2img_case_on("img2img_lcm_sd_pipeline", &model);
+}
+
+fn img2img_case_on(name: &str, model: &SdModel) {
     let c = case(name);
-    let model = sd1();
+    // The timesteps run are the ones diffusers ran.
+    let (sampler, start) = brume::pipelines::img2img::schedule(model, &c.request(), c.strength()).unwrap();
+    let want: Vec<f64> = c.io.i64("out.timesteps").0.into_iter().map(|t| t as f64).collect();
+    assert_eq!(sampler.timesteps()[start..], want[..], "{name} timesteps");
     let image = load_image(&c.dir.join("input.png"), 8).unwrap();
     assert_close(&format!("{name} preprocessed image"), &image.tensor, &c.io.f32("out.init_image"), 1e-6);
     let mut noise = c.noise();
-    let out = img2img(&model, &c.request(), &image.tensor, c.strength(), &RunOptions::default(), &mut noise, None, &mut |_| {
+    let out = img2img(model, &c.request(), &image.tensor, c.strength(), &RunOptions::default(), &mut noise, None, &mut |_| {
         Flow::Continue
     })
     .unwrap();

@@ -10,7 +10,7 @@ use super::model::{AnyVaeEncoder, SdModel};
 use super::request::{Flow, GenerationRequest, Generated, Progress, ProgressFn};
 use crate::error::{Result, RunError};
 use crate::loading::Segment;
-use crate::samplers::NoiseSource;
+use crate::samplers::{Lcm, NoiseSource, Sampler, SamplerKind};
 
 /// The first evaluation index for `strength`, as diffusers' `get_timesteps`:
 /// `steps * strength` steps run (rounded down), ending at the last timestep.
@@ -25,6 +25,29 @@ pub fn start_index(steps: usize, strength: f64, order: usize) -> Result<usize> {
         )));
     }
     Ok((steps - init) * order)
+}
+
+/// The sampler and the first step to run for `strength`, as diffusers' pipeline for this
+/// folder does it. Stable Diffusion's img2img pipelines build the full schedule and skip its
+/// first steps ([`start_index`]); a `LatentConsistencyModelPipeline` folder's img2img
+/// (`LatentConsistencyModelImg2ImgPipeline`) instead hands strength to `LCMScheduler`, which
+/// spreads all the steps below timestep ~1000 x strength. The same UNet and strength start
+/// from different noise levels under the two (4 steps at 0.6: 2 steps from 499, or 4 from
+/// 599), so a folder gets its own pipeline's rule.
+pub fn schedule(model: &SdModel, req: &GenerationRequest, strength: f64) -> Result<(Box<dyn Sampler>, usize)> {
+    let kind = req.sampler_kind(model)?;
+    if kind == SamplerKind::Lcm && model.is_lcm_pipeline() {
+        if !(strength > 0.0 && strength <= 1.0) {
+            return Err(RunError::Invalid(format!("strength must be in (0, 1], got {strength}")));
+        }
+        if req.steps == 0 {
+            return Err(RunError::Invalid("steps must be at least 1".into()));
+        }
+        return Ok((Box::new(Lcm::within(&model.schedule, req.steps, strength)?), 0));
+    }
+    let sampler = req.build_sampler(model)?;
+    let start = start_index(req.steps, strength, sampler.order())?;
+    Ok((sampler, start))
 }
 
 /// Loads the VAE encoder segment (it is dropped by the caller when done).
@@ -78,8 +101,7 @@ pub fn img2img(
     opts.check(crate::memory::Checkpoint::BeforeSegment(crate::loading::Segment::TextEncoder))?;
     let cond = conditioning(model, &req, &opts.device, opts.dtype, cache, progress)?;
     opts.done_with(model, crate::loading::Segment::TextEncoder);
-    let mut sampler = req.build_sampler(model)?;
-    let start = start_index(req.steps, strength, sampler.order())?;
+    let (mut sampler, start) = schedule(model, &req, strength)?;
     let init_latents = {
         let enc = load_encoder(model, opts, progress)?;
         encode_image(model, &enc, image, req.batch, opts, noise)?

@@ -468,6 +468,12 @@ impl SdModel {
         })
     }
 
+    /// Whether the folder is diffusers' `LatentConsistencyModelPipeline`, whose img2img
+    /// applies strength differently from Stable Diffusion's (see `img2img::schedule`).
+    pub fn is_lcm_pipeline(&self) -> bool {
+        matches!(self.pipeline_class.as_deref(), Some("LatentConsistencyModelPipeline" | "LatentConsistencyModelImg2ImgPipeline"))
+    }
+
     /// `choice`, else the sampler the model's own scheduler config names.
     pub fn sampler_kind(&self, choice: Option<SamplerKind>) -> Result<SamplerKind, crate::error::RunError> {
         match choice {

@@ -23,6 +23,18 @@ pub struct Lcm {
 /// `original_inference_steps` grid (k = num_train // original, t = j*k - 1),
 /// evenly by index from the top; `timestep_spacing` plays no part.
 pub(crate) fn consistency_timesteps(cfg: &ScheduleConfig, c: &ConfigReader, steps: usize) -> std::result::Result<Vec<f64>, LoadError> {
+    consistency_timesteps_within(cfg, c, steps, 1.0)
+}
+
+/// [`consistency_timesteps`] on the grid's lowest `original * strength` points (diffusers'
+/// `LCMScheduler.set_timesteps(strength=)`, which its LCM img2img pipeline uses): every step
+/// runs, below timestep ~1000 x strength.
+pub(crate) fn consistency_timesteps_within(
+    cfg: &ScheduleConfig,
+    c: &ConfigReader,
+    steps: usize,
+    strength: f64,
+) -> std::result::Result<Vec<f64>, LoadError> {
     let n = cfg.num_train_timesteps;
     let original = c.usize("original_inference_steps", Some(50))?;
     if original == 0 || original > n {
@@ -38,7 +50,15 @@ pub(crate) fn consistency_timesteps(cfg: &ScheduleConfig, c: &ConfigReader, step
         ));
     }
     let k = n / original;
-    let grid: Vec<usize> = (1..=original).rev().map(|j| j * k - 1).collect();
+    // Python's int(original_steps * strength): truncation of the f64 product.
+    let kept = (original as f64 * strength) as usize;
+    if steps > kept {
+        return Err(c.error(
+            "original_inference_steps",
+            format!("strength {strength} keeps {kept} of the {original} distilled timesteps, fewer than the {steps} steps asked for; raise the strength or lower the steps"),
+        ));
+    }
+    let grid: Vec<usize> = (1..=kept).rev().map(|j| j * k - 1).collect();
     let len = grid.len();
     // np.linspace(0, len, steps, endpoint=False), floored.
     let idx = np_linspace(0.0, len as f64, steps + 1);
@@ -59,8 +79,13 @@ impl Lcm {
     /// Reads `original_inference_steps`, `timestep_scaling`, `clip_sample`
     /// (default false for this class) and `clip_sample_range`.
     pub fn new(cfg: &ScheduleConfig, steps: usize) -> std::result::Result<Self, LoadError> {
+        Self::within(cfg, steps, 1.0)
+    }
+
+    /// All `steps` below timestep ~1000 x `strength` (see [`consistency_timesteps_within`]).
+    pub fn within(cfg: &ScheduleConfig, steps: usize, strength: f64) -> std::result::Result<Self, LoadError> {
         let c = cfg.options();
-        let timesteps = consistency_timesteps(cfg, &c, steps)?;
+        let timesteps = consistency_timesteps_within(cfg, &c, steps, strength)?;
         let clip = if c.bool("clip_sample", false)? { Some(c.f64("clip_sample_range", 1.0)?) } else { None };
         Ok(Self {
             alphas_cumprod: cfg.alphas_cumprod(),
@@ -109,5 +134,23 @@ impl Sampler for Lcm {
     fn add_noise(&self, original: &Tensor, noise: &Tensor, index: usize) -> Result<Tensor> {
         let a = self.alpha(self.timesteps[index]);
         axpby(original, a.sqrt() as f64, noise, (1.0 - a).sqrt() as f64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strength_spreads_every_step_below_it_as_diffusers() {
+        // LCMScheduler(original_inference_steps=50).set_timesteps(4[, strength=s]).timesteps
+        let cfg = ScheduleConfig::default();
+        let at = |steps, strength| Lcm::within(&cfg, steps, strength).map(|l| l.timesteps);
+        assert_eq!(at(4, 1.0).unwrap(), vec![999.0, 759.0, 499.0, 259.0]);
+        assert_eq!(at(4, 0.6).unwrap(), vec![599.0, 459.0, 299.0, 159.0]);
+        assert_eq!(at(1, 0.5).unwrap(), vec![499.0]);
+        // int(50 * 0.06) = 3 timesteps kept, fewer than 4 steps: diffusers raises too.
+        let e = at(4, 0.06).unwrap_err().to_string();
+        assert!(e.contains("strength 0.06 keeps 3 of the 50"), "{e}");
     }
 }
