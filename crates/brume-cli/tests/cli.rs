@@ -314,6 +314,13 @@ fn eval_edits_grades_img2img_and_inpainting_and_inpainting_keeps_the_rest() {
     }
     assert_eq!(std::fs::read_to_string(sheet.with_extension("txt")).unwrap().lines().count(), 4);
 
+    // A 9-channel inpainting UNet has no img2img; its inpainting is still graded.
+    let nine = fixtures().join("edit/inpaint_9ch/model");
+    let out = brume().args(["eval", "edits", "--count", "1", "--steps", "2", "--sheet"]).arg(tmp.path().join("nine.png")).arg("--model").arg(&nine).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("img2img: skipped") && text.contains("9-channel") && text.contains("edited shape"), "{text}");
+
     // Bad settings are refused before anything is generated, naming the flag.
     for (args, flag) in [
         (&["--strength", "0"][..], "--strength"),

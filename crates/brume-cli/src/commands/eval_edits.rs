@@ -96,6 +96,8 @@ pub fn edits(a: EditsArgs) -> anyhow::Result<()> {
     let probe = run.request("", 0, size);
     let opts = a.memory.plan(&model, &probe, Job::Edit)?.opts;
 
+    // A 9-channel inpainting UNet has no img2img (it needs a mask): its inpainting is still graded.
+    let inpainting_unet = model.unet_config.in_channels != model.vae_config.latent_channels();
     let start = Instant::now();
     let cases = edit_cases(a.from, end - a.from);
     let (mut recolour, mut replace) = (Tally::default(), Tally::default());
@@ -114,12 +116,17 @@ pub fn edits(a: EditsArgs) -> anyhow::Result<()> {
         };
 
         let source = render(&case.recoloured, size as u32);
-        let mut noise = noise_source(req.rng, req.seed);
-        let out = img2img(&model, &req, &rgb_to_tensor(&source)?, strength, &opts, noise.as_mut(), None, &mut |_| Flow::Continue)
-            .with_context(|| format!("img2img towards `{}`", case.caption))?;
-        let edited = to_rgb8(&out.image)?;
-        judged(&mut recolour, &edited, false);
-        tiles.extend([source, edited]);
+        if inpainting_unet {
+            // A grey tile keeps the sheet's four columns a case.
+            tiles.extend([source, image::RgbImage::from_pixel(size as u32, size as u32, image::Rgb([128, 128, 128]))]);
+        } else {
+            let mut noise = noise_source(req.rng, req.seed);
+            let out = img2img(&model, &req, &rgb_to_tensor(&source)?, strength, &opts, noise.as_mut(), None, &mut |_| Flow::Continue)
+                .with_context(|| format!("img2img towards `{}`", case.caption))?;
+            let edited = to_rgb8(&out.image)?;
+            judged(&mut recolour, &edited, false);
+            tiles.extend([source, edited]);
+        }
 
         let source = render(&case.replaced, size as u32);
         let mask = gray_to_mask(&object_mask(&case.replaced, 0, size as u32, a.mask_margin, cell))?;
@@ -155,8 +162,12 @@ pub fn edits(a: EditsArgs) -> anyhow::Result<()> {
             size
         )
     };
-    title(&format!("img2img at strength {strength}: the first object recoloured"));
-    recolour.print();
+    if inpainting_unet {
+        println!("img2img: skipped, {} ({}) is a {}-channel inpainting UNet, which needs a mask", model.name, model.unet_folder, model.unet_config.in_channels);
+    } else {
+        title(&format!("img2img at strength {strength}: the first object recoloured"));
+        recolour.print();
+    }
     println!();
     title(&format!("inpainting at strength {}: the first object replaced (another shape and colour) inside a mask over it", a.inpaint_strength));
     replace.print();
