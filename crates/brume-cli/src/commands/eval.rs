@@ -48,31 +48,62 @@ pub struct ShowcaseArgs {
     out: PathBuf,
 }
 
+/// What the held-out evals share: the model, which prompts, and how they are sampled.
+#[derive(clap::Args, Debug)]
+pub struct HeldOutArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub memory: MemoryArgs,
+    /// Number of held-out prompts (fixed list, fixed seeds).
+    #[arg(long, default_value_t = 200)]
+    pub count: usize,
+    /// Skip the first N held-out prompts. The quality bars are read on prompts 0..200; a
+    /// setting (sampler, steps, guidance, gamma, strength) chosen by looking at those would
+    /// be tuned to the benchmark, so choose it on a later stretch (e.g. `--from 200 --count
+    /// 400`) and then read the bars once.
+    #[arg(long, default_value_t = 0)]
+    pub from: usize,
+    /// Denoising steps (default: the model's recommendation for its own scheduler, as
+    /// `brume generate` and `brume edit` take it: 25 for the built-in model's DDIM; else 4
+    /// for lcm and tcd and 20 for the rest). img2img runs the last `strength` share of them.
+    #[arg(long)]
+    pub steps: Option<usize>,
+    /// Guidance scale (default: the model's recommendation, as `brume generate` takes it).
+    #[arg(long)]
+    pub guidance: Option<f64>,
+    #[arg(long)]
+    pub sampler: Option<String>,
+}
+
+impl HeldOutArgs {
+    /// Opens the model and resolves the run's settings; checks the prompt range first, so a
+    /// mistyped number fails before any model is loaded.
+    pub fn open(&self, eta: f64) -> anyhow::Result<(brume::pipelines::SdModel, HeldOutRun)> {
+        if self.count == 0 {
+            bail!("--count must be positive");
+        }
+        held_out_end(self.from, self.count)?;
+        let model = self.model.open()?;
+        let sampler = self.sampler.as_deref().map(SamplerKind::parse).transpose()?;
+        let kind = model.sampler_kind(sampler)?;
+        let settings = model.sampling_settings(kind, self.steps, self.guidance)?;
+        let run = HeldOutRun { from: self.from, count: self.count, steps: settings.steps, guidance: settings.guidance_scale, eta, kind };
+        Ok((model, run))
+    }
+}
+
+/// The end of held-out prompts `from..from + count`, refused past [`MAX_HELD_OUT`].
+pub(super) fn held_out_end(from: usize, count: usize) -> anyhow::Result<usize> {
+    from.checked_add(count)
+        .filter(|&e| e <= MAX_HELD_OUT)
+        .ok_or_else(|| anyhow::anyhow!("--from {from} + --count {count} is past the {MAX_HELD_OUT} held-out prompts the eval draws from"))
+}
+
 #[derive(clap::Args, Debug)]
 pub struct AdherenceArgs {
     #[command(flatten)]
-    model: ModelArgs,
-    #[command(flatten)]
-    memory: MemoryArgs,
-    /// Number of held-out prompts (fixed list, fixed seeds).
-    #[arg(long, default_value_t = 200)]
-    count: usize,
-    /// Skip the first N held-out prompts. The quality bars are read on prompts 0..200; a
-    /// setting (sampler, steps, guidance, gamma) chosen by looking at those would be tuned to
-    /// the benchmark, so choose it on a later stretch (e.g. `--from 200 --count 400`) and
-    /// then read the bars once.
-    #[arg(long, default_value_t = 0)]
-    from: usize,
-    /// Denoising steps (default: the model's recommendation for its own scheduler, as
-    /// `brume generate` takes it: 25 for the built-in model's DDIM; else 4 for lcm and tcd
-    /// and 20 for the rest).
-    #[arg(long)]
-    steps: Option<usize>,
-    /// Guidance scale (default: the model's recommendation, as `brume generate` takes it).
-    #[arg(long)]
-    guidance: Option<f64>,
-    #[arg(long)]
-    sampler: Option<String>,
+    held: HeldOutArgs,
     /// DDIM eta / TCD gamma (0 = deterministic).
     #[arg(long, default_value_t = 0.0)]
     eta: f64,
@@ -375,9 +406,7 @@ pub fn judge_held_out(
     opts: &brume::pipelines::RunOptions,
 ) -> anyhow::Result<(Adherence, Vec<image::RgbImage>)> {
     let size = model.default_size();
-    let end = run.from.checked_add(run.count).filter(|&e| e <= MAX_HELD_OUT).ok_or_else(|| {
-        anyhow::anyhow!("--from {} + --count {} is past the {MAX_HELD_OUT} held-out prompts the eval draws from", run.from, run.count)
-    })?;
+    let end = held_out_end(run.from, run.count)?;
     let prompts = brume_world::scene::held_out_prompts(end).split_off(run.from);
     let mut tally = Tally::default();
     let mut tiles = Vec::with_capacity(prompts.len());
@@ -413,20 +442,14 @@ fn wilson_interval(ok: usize, n: usize) -> (f64, f64) {
 }
 
 fn adherence(a: AdherenceArgs) -> anyhow::Result<()> {
-    if a.count == 0 || a.columns == 0 {
-        bail!("--count and --columns must be positive");
+    if a.columns == 0 {
+        bail!("--columns must be positive");
     }
     let txt = listing_path(&a.sheet)?;
-    let model = a.model.open()?;
+    let (model, run) = a.held.open(a.eta)?;
     let size = model.default_size();
-    let sampler = a.sampler.as_deref().map(SamplerKind::parse).transpose()?;
-    let kind = model.sampler_kind(sampler)?;
-    let settings = model.sampling_settings(kind, a.steps, a.guidance)?;
-    let (steps, guidance) = (settings.steps, settings.guidance_scale);
     let start = Instant::now();
-    let probe = GenerationRequest { steps, guidance_scale: guidance, ..GenerationRequest::new("", size) };
-    let opts = a.memory.plan(&model, &probe, Job::GenerateAtSize)?.opts;
-    let run = HeldOutRun { from: a.from, count: a.count, steps, guidance, eta: a.eta, kind };
+    let opts = a.held.memory.plan(&model, &run.request("", 0, size), Job::GenerateAtSize)?.opts;
     let (scores, tiles) = judge_held_out(&model, &run, &opts)?;
     let prompts = &scores.prompts;
     eprintln!();
@@ -436,7 +459,7 @@ fn adherence(a: AdherenceArgs) -> anyhow::Result<()> {
         model.name,
         model.unet_folder,
         prompts.len(),
-        if a.from > 0 { format!(" from #{}", a.from) } else { String::new() },
+        if run.from > 0 { format!(" from #{}", run.from) } else { String::new() },
         run.describe(),
         size
     );
@@ -450,7 +473,7 @@ fn adherence(a: AdherenceArgs) -> anyhow::Result<()> {
     let listing: String = prompts
         .iter()
         .enumerate()
-        .map(|(i, (c, s))| format!("{:>4} row {} col {}  seed {s}  {c}\n", a.from + i, i / cols, i % cols))
+        .map(|(i, (c, s))| format!("{:>4} row {} col {}  seed {s}  {c}\n", run.from + i, i / cols, i % cols))
         .collect();
     write_listing(&txt, &listing)?;
     println!("contact sheet {} (prompts: {})", a.sheet.display(), txt.display());

@@ -14,26 +14,16 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use brume::pipelines::image_io::{gray_to_mask, rgb_to_tensor, save_png, to_rgb8};
 use brume::pipelines::{img2img, inpaint, Flow, PasteBack};
-use brume::samplers::{noise_source, SamplerKind};
+use brume::samplers::noise_source;
 use brume_world::{edit_cases, object_mask, render};
 
-use super::eval::{listing_path, sheet, write_listing, HeldOutRun, Tally};
+use super::eval::{listing_path, sheet, write_listing, HeldOutArgs, Tally};
 use super::memory::Job;
-use super::{MemoryArgs, ModelArgs};
 
 #[derive(clap::Args, Debug)]
 pub struct EditsArgs {
     #[command(flatten)]
-    model: ModelArgs,
-    #[command(flatten)]
-    memory: MemoryArgs,
-    /// Number of held-out prompts to edit towards (the same list as `eval adherence`).
-    #[arg(long, default_value_t = 200)]
-    count: usize,
-    /// Skip the first N held-out prompts (choose settings on a later stretch, as for
-    /// `eval adherence`).
-    #[arg(long, default_value_t = 0)]
-    from: usize,
+    held: HeldOutArgs,
     /// img2img strength (default: the model's own, as `brume edit` takes it: 0.6 for the
     /// built-in DDIM UNet, 0.75 for its four-step LCM UNet).
     #[arg(long)]
@@ -41,15 +31,6 @@ pub struct EditsArgs {
     /// Inpainting strength (`brume edit`'s default: 1.0, a full repaint inside the mask).
     #[arg(long, default_value_t = 1.0)]
     inpaint_strength: f64,
-    /// Denoising steps at strength 1 (default: the model's recommendation, as `brume edit`
-    /// takes it); img2img runs the last `strength` share of them.
-    #[arg(long)]
-    steps: Option<usize>,
-    /// Guidance scale (default: the model's recommendation, as `brume edit` takes it).
-    #[arg(long)]
-    guidance: Option<f64>,
-    #[arg(long)]
-    sampler: Option<String>,
     /// The inpainting mask: the first object's box grown by this fraction of the side on
     /// every edge, then out to whole latent cells.
     #[arg(long, default_value_t = 0.04)]
@@ -70,8 +51,8 @@ const EDITED_COLOUR: &str = "edited colour";
 const EDITED_SHAPE: &str = "edited shape";
 
 pub fn edits(a: EditsArgs) -> anyhow::Result<()> {
-    if a.count == 0 || a.columns == 0 {
-        bail!("--count and --columns must be positive");
+    if a.columns == 0 {
+        bail!("--columns must be positive");
     }
     for (name, s) in [("--strength", a.strength), ("--inpaint-strength", Some(a.inpaint_strength))] {
         if let Some(s) = s.filter(|s| !(*s > 0.0 && *s <= 1.0)) {
@@ -81,25 +62,17 @@ pub fn edits(a: EditsArgs) -> anyhow::Result<()> {
     if !(0.0..=0.5).contains(&a.mask_margin) {
         bail!("--mask-margin is a fraction of the picture's side in [0, 0.5], got {}", a.mask_margin);
     }
-    let end = a.from.checked_add(a.count).filter(|&e| e <= super::eval::MAX_HELD_OUT).ok_or_else(|| {
-        anyhow::anyhow!("--from {} + --count {} is past the {} held-out prompts the eval draws from", a.from, a.count, super::eval::MAX_HELD_OUT)
-    })?;
     let txt = listing_path(&a.sheet)?;
-    let model = a.model.open()?;
+    let (model, run) = a.held.open(0.0)?;
     let size = model.default_size();
     let cell = model.vae_config.scale_factor() as u32;
-    let sampler = a.sampler.as_deref().map(SamplerKind::parse).transpose()?;
-    let kind = model.sampler_kind(sampler)?;
-    let settings = model.sampling_settings(kind, a.steps, a.guidance)?;
     let strength = model.sampling.img2img_strength(a.strength);
-    let run = HeldOutRun { from: a.from, count: a.count, steps: settings.steps, guidance: settings.guidance_scale, eta: 0.0, kind };
-    let probe = run.request("", 0, size);
-    let opts = a.memory.plan(&model, &probe, Job::Edit)?.opts;
+    let opts = a.held.memory.plan(&model, &run.request("", 0, size), Job::Edit)?.opts;
 
     // A 9-channel inpainting UNet has no img2img (it needs a mask): its inpainting is still graded.
     let inpainting_unet = model.unet_config.in_channels != model.vae_config.latent_channels();
     let start = Instant::now();
-    let cases = edit_cases(a.from, end - a.from);
+    let cases = edit_cases(run.from, run.count);
     let (mut recolour, mut replace) = (Tally::default(), Tally::default());
     let mut tiles = Vec::with_capacity(4 * cases.len());
     for (i, case) in cases.iter().enumerate() {
@@ -157,7 +130,7 @@ pub fn edits(a: EditsArgs) -> anyhow::Result<()> {
             model.name,
             model.unet_folder,
             cases.len(),
-            if a.from > 0 { format!(" from #{}", a.from) } else { String::new() },
+            if run.from > 0 { format!(" from #{}", run.from) } else { String::new() },
             run.describe(),
             size
         )
@@ -181,7 +154,7 @@ pub fn edits(a: EditsArgs) -> anyhow::Result<()> {
         "each case: recoloured source | img2img edit | replaced source | inpainted edit (mask: the first object's box)\n".to_string(),
     )
     .chain(cases.iter().enumerate().map(|(i, c)| {
-        format!("{:>4} row {} cols {}-{}  seed {}  {}\n", a.from + i, i / per_row, 4 * (i % per_row), 4 * (i % per_row) + 3, c.seed, c.caption)
+        format!("{:>4} row {} cols {}-{}  seed {}  {}\n", run.from + i, i / per_row, 4 * (i % per_row), 4 * (i % per_row) + 3, c.seed, c.caption)
     }))
     .collect();
     write_listing(&txt, &listing)?;
