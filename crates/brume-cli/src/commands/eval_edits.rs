@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context};
 use brume::pipelines::image_io::{gray_to_mask, rgb_to_tensor, save_png, to_rgb8};
-use brume::pipelines::{img2img, inpaint, Flow, PasteBack};
+use brume::pipelines::{img2img, inpaint, ConditioningCache, Flow, PasteBack};
 use brume::samplers::noise_source;
 use brume_world::{edit_cases, object_mask, render};
 
@@ -74,6 +74,8 @@ pub fn edits(a: EditsArgs) -> anyhow::Result<()> {
     let start = Instant::now();
     let cases = edit_cases(run.from, run.count);
     let (mut recolour, mut replace) = (Tally::default(), Tally::default());
+    // Both edits of a case ask for the same prompt: its text encoding is computed once.
+    let mut cache = ConditioningCache::new(1);
     let mut tiles = Vec::with_capacity(4 * cases.len());
     for (i, case) in cases.iter().enumerate() {
         let spec = brume_world::parse_caption(&case.caption)
@@ -94,7 +96,7 @@ pub fn edits(a: EditsArgs) -> anyhow::Result<()> {
             tiles.extend([source, image::RgbImage::from_pixel(size as u32, size as u32, image::Rgb([128, 128, 128]))]);
         } else {
             let mut noise = noise_source(req.rng, req.seed);
-            let out = img2img(&model, &req, &rgb_to_tensor(&source)?, strength, &opts, noise.as_mut(), None, &mut |_| Flow::Continue)
+            let out = img2img(&model, &req, &rgb_to_tensor(&source)?, strength, &opts, noise.as_mut(), Some(&mut cache), &mut |_| Flow::Continue)
                 .with_context(|| format!("img2img towards `{}`", case.caption))?;
             let edited = to_rgb8(&out.image)?;
             judged(&mut recolour, &edited, false);
@@ -113,7 +115,7 @@ pub fn edits(a: EditsArgs) -> anyhow::Result<()> {
             Some(PasteBack { feather: 4 }),
             &opts,
             noise.as_mut(),
-            None,
+            Some(&mut cache),
             &mut |_| Flow::Continue,
         )
         .with_context(|| format!("inpainting towards `{}`", case.caption))?;

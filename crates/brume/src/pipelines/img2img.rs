@@ -15,9 +15,7 @@ use crate::samplers::{Lcm, NoiseSource, Sampler, SamplerKind};
 /// The first evaluation index for `strength`, as diffusers' `get_timesteps`:
 /// `steps * strength` steps run (rounded down), ending at the last timestep.
 pub fn start_index(steps: usize, strength: f64, order: usize) -> Result<usize> {
-    if !(strength > 0.0 && strength <= 1.0) {
-        return Err(RunError::Invalid(format!("strength must be in (0, 1], got {strength}")));
-    }
+    check_strength(strength)?;
     let init = ((steps as f64 * strength) as usize).min(steps);
     if init == 0 {
         return Err(RunError::Invalid(format!(
@@ -25,6 +23,14 @@ pub fn start_index(steps: usize, strength: f64, order: usize) -> Result<usize> {
         )));
     }
     Ok((steps - init) * order)
+}
+
+fn check_strength(strength: f64) -> Result<()> {
+    if strength > 0.0 && strength <= 1.0 {
+        Ok(())
+    } else {
+        Err(RunError::Invalid(format!("strength must be in (0, 1], got {strength}")))
+    }
 }
 
 /// The sampler and the first step to run for `strength`, as diffusers' pipeline for this
@@ -37,9 +43,7 @@ pub fn start_index(steps: usize, strength: f64, order: usize) -> Result<usize> {
 pub fn schedule(model: &SdModel, req: &GenerationRequest, strength: f64) -> Result<(Box<dyn Sampler>, usize)> {
     let kind = req.sampler_kind(model)?;
     if kind == SamplerKind::Lcm && model.is_lcm_pipeline() {
-        if !(strength > 0.0 && strength <= 1.0) {
-            return Err(RunError::Invalid(format!("strength must be in (0, 1], got {strength}")));
-        }
+        check_strength(strength)?;
         if req.steps == 0 {
             return Err(RunError::Invalid("steps must be at least 1".into()));
         }
