@@ -1387,9 +1387,9 @@ def write_sampling_defaults(unet_dir, guidance, steps, strength):
         {"guidance_scale": guidance, "num_inference_steps": steps, "strength": strength}, indent=2) + "\n")
 
 
-def write_pipeline(dst, te, tok, unet, vae, unet_lcm=None, a=None):
+def write_pipeline(dst, te, tok, unet, vae, a, unet_lcm=None):
     """fp16 diffusers folder at dst (must not exist): SD1 pipeline with DDIM, the CLIP tokenizer copied
-    from the SD1.5 fixture, and optionally unet_lcm/ + scheduler_lcm/; with the arguments `a`, each
+    from the SD1.5 fixture, and optionally unet_lcm/ + scheduler_lcm/; from the arguments `a`, each
     UNet's sampling_defaults.json (--default-guidance / --ddim-steps / --default-strength, --lcm-guidance / 4 steps
     / --lcm-strength)."""
     pipe = make_pipe(copy.deepcopy(te).half().cpu(), tok, copy.deepcopy(unet).half().cpu(),
@@ -1397,13 +1397,11 @@ def write_pipeline(dst, te, tok, unet, vae, unet_lcm=None, a=None):
     pipe.save_pretrained(dst, safe_serialization=True)
     shutil.rmtree(dst / "tokenizer")
     shutil.copytree(TOKENIZER_SRC, dst / "tokenizer")
-    if a is not None:
-        write_sampling_defaults(dst / "unet", a.default_guidance, a.ddim_steps, a.default_strength)
+    write_sampling_defaults(dst / "unet", a.default_guidance, a.ddim_steps, a.default_strength)
     if unet_lcm is not None:
         copy.deepcopy(unet_lcm).half().cpu().save_pretrained(dst / "unet_lcm", safe_serialization=True)
         lcm_scheduler().save_pretrained(dst / "scheduler_lcm")
-        if a is not None:
-            write_sampling_defaults(dst / "unet_lcm", a.lcm_guidance, 4, a.lcm_strength)
+        write_sampling_defaults(dst / "unet_lcm", a.lcm_guidance, 4, a.lcm_strength)
     for p in dst.rglob("*"):
         os.chmod(p, 0o755 if p.is_dir() else 0o644)  # save_pretrained leaves 0600 weight files
 
@@ -1630,7 +1628,7 @@ def main():
     info["unet"]["eval"], im = evaluate(pipe, D, work, "ddim", a.ddim_steps, a.guidance, a)
     grid(im[:32], out / "samples" / "stage2_ddim.png")
     tmp = out / f".stage2.tmp-{os.getpid()}"
-    write_pipeline(tmp, te, D["tokenizer"], unet, vae, a=a)
+    write_pipeline(tmp, te, D["tokenizer"], unet, vae, a)
     (tmp / "training.json").write_text(json.dumps({**info, "stage": "unet", "timing_s": budget.timing}, indent=1))
     atomic_replace(tmp, out / "stage2")
     log(f"checkpoint: {out / 'stage2'} ({weights_mb(out / 'stage2'):.1f} MB of weights) in {time.time() - t:.1f}s")
@@ -1659,7 +1657,7 @@ def finish(a, budget, D, out, work, info, te, unet, vae, student, target):
 
     budget.begin("export")
     tmp = out / f".model.tmp-{os.getpid()}"
-    write_pipeline(tmp, te, D["tokenizer"], unet, vae, unet_lcm=unet_lcm, a=a)
+    write_pipeline(tmp, te, D["tokenizer"], unet, vae, a, unet_lcm=unet_lcm)
     info["verify"] = verify(tmp, D, a, lcm=True)
     info["weights_mb"] = round(weights_mb(tmp), 2)
     info["component_mb"] = {d.name: round(weights_mb(d), 2) for d in sorted(tmp.iterdir()) if d.is_dir()}
