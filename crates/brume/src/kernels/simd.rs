@@ -93,7 +93,8 @@ unsafe fn transpose_scalar(src: *const f32, ld: usize, r0: usize, r1: usize, c0:
 }
 
 /// The polynomial part of exp2 on f in [-0.5, 0.5], in Horner form (the vector
-/// paths; the portable one runs the same polynomial per lane in `exp2_scalar`).
+/// paths; the plain-array one runs the same polynomial per lane in `exp2_scalar`,
+/// NEON's inline in `neon::exp2_q`).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 unsafe fn exp2_poly<S: Simd>(f: S::V) -> S::V {
@@ -352,88 +353,97 @@ mod x86 {
     }
 }
 
-/// Eight lanes of plain Rust: what runs on aarch64 (the loops vectorise to NEON)
-/// and on an x86-64 without AVX2.
+/// The eight-lane path every CPU of the target has: NEON intrinsics on aarch64
+/// (`simd/neon.rs`), plain Rust arrays elsewhere (an x86-64 without AVX2, where the
+/// loops vectorise to SSE2).
 #[derive(Clone, Copy)]
 pub(crate) struct Portable;
 
-type P8 = [f32; 8];
+#[cfg(target_arch = "aarch64")]
+mod neon;
 
-#[inline(always)]
-fn map2(a: P8, b: P8, f: impl Fn(f32, f32) -> f32) -> P8 {
-    std::array::from_fn(|i| f(a[i], b[i]))
-}
+#[cfg(not(target_arch = "aarch64"))]
+mod arrays {
+    use super::{Portable, Simd, EXP2_C, EXP2_MAX, EXP2_MIN};
 
-/// Scalar 2^x with the same polynomial as the vector paths.
-/// Branch-free apart from the final select, so the lane loops vectorise.
-#[inline(always)]
-fn exp2_scalar(x: f32) -> f32 {
-    let under = x < EXP2_MIN;
-    let x = x.clamp(EXP2_MIN, EXP2_MAX);
-    // Round to nearest by the 1.5 * 2^23 trick (|x| <= 127), which vectorises.
-    const MAGIC: f32 = 12_582_912.0;
-    let n = (x + MAGIC) - MAGIC;
-    let f = x - n;
-    let mut p = EXP2_C[6];
-    for &c in EXP2_C[..6].iter().rev() {
-        p = p.mul_add(f, c);
-    }
-    let r = p * f32::from_bits((((n as i32) + 127) as u32) << 23);
-    if under {
-        0.0
-    } else {
-        r
-    }
-}
+    type P8 = [f32; 8];
 
-impl Simd for Portable {
-    const LANES: usize = 8;
-    type V = P8;
     #[inline(always)]
-    unsafe fn splat(x: f32) -> P8 {
-        [x; 8]
+    fn map2(a: P8, b: P8, f: impl Fn(f32, f32) -> f32) -> P8 {
+        std::array::from_fn(|i| f(a[i], b[i]))
     }
+
+    /// Scalar 2^x with the same polynomial as the vector paths.
+    /// Branch-free apart from the final select, so the lane loops vectorise.
     #[inline(always)]
-    unsafe fn load(p: *const f32) -> P8 {
-        // SAFETY: the caller passes 8 valid floats.
-        unsafe { std::ptr::read_unaligned(p as *const P8) }
+    fn exp2_scalar(x: f32) -> f32 {
+        let under = x < EXP2_MIN;
+        let x = x.clamp(EXP2_MIN, EXP2_MAX);
+        // Round to nearest by the 1.5 * 2^23 trick (|x| <= 127), which vectorises.
+        const MAGIC: f32 = 12_582_912.0;
+        let n = (x + MAGIC) - MAGIC;
+        let f = x - n;
+        let mut p = EXP2_C[6];
+        for &c in EXP2_C[..6].iter().rev() {
+            p = p.mul_add(f, c);
+        }
+        let r = p * f32::from_bits((((n as i32) + 127) as u32) << 23);
+        if under {
+            0.0
+        } else {
+            r
+        }
     }
-    #[inline(always)]
-    unsafe fn store(p: *mut f32, v: P8) {
-        // SAFETY: the caller passes room for 8 floats.
-        unsafe { std::ptr::write_unaligned(p as *mut P8, v) }
-    }
-    #[inline(always)]
-    unsafe fn fmadd(a: P8, b: P8, c: P8) -> P8 {
-        std::array::from_fn(|i| a[i] * b[i] + c[i])
-    }
-    #[inline(always)]
-    unsafe fn add(a: P8, b: P8) -> P8 {
-        map2(a, b, |x, y| x + y)
-    }
-    #[inline(always)]
-    unsafe fn sub(a: P8, b: P8) -> P8 {
-        map2(a, b, |x, y| x - y)
-    }
-    #[inline(always)]
-    unsafe fn mul(a: P8, b: P8) -> P8 {
-        map2(a, b, |x, y| x * y)
-    }
-    #[inline(always)]
-    unsafe fn div(a: P8, b: P8) -> P8 {
-        map2(a, b, |x, y| x / y)
-    }
-    #[inline(always)]
-    unsafe fn max(a: P8, b: P8) -> P8 {
-        map2(a, b, f32::max)
-    }
-    #[inline(always)]
-    unsafe fn exp2(x: P8) -> P8 {
-        x.map(exp2_scalar)
-    }
-    #[inline(always)]
-    unsafe fn reduce_add(v: P8) -> f32 {
-        ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]))
+
+    impl Simd for Portable {
+        const LANES: usize = 8;
+        type V = P8;
+        #[inline(always)]
+        unsafe fn splat(x: f32) -> P8 {
+            [x; 8]
+        }
+        #[inline(always)]
+        unsafe fn load(p: *const f32) -> P8 {
+            // SAFETY: the caller passes 8 valid floats.
+            unsafe { std::ptr::read_unaligned(p as *const P8) }
+        }
+        #[inline(always)]
+        unsafe fn store(p: *mut f32, v: P8) {
+            // SAFETY: the caller passes room for 8 floats.
+            unsafe { std::ptr::write_unaligned(p as *mut P8, v) }
+        }
+        #[inline(always)]
+        unsafe fn fmadd(a: P8, b: P8, c: P8) -> P8 {
+            std::array::from_fn(|i| a[i] * b[i] + c[i])
+        }
+        #[inline(always)]
+        unsafe fn add(a: P8, b: P8) -> P8 {
+            map2(a, b, |x, y| x + y)
+        }
+        #[inline(always)]
+        unsafe fn sub(a: P8, b: P8) -> P8 {
+            map2(a, b, |x, y| x - y)
+        }
+        #[inline(always)]
+        unsafe fn mul(a: P8, b: P8) -> P8 {
+            map2(a, b, |x, y| x * y)
+        }
+        #[inline(always)]
+        unsafe fn div(a: P8, b: P8) -> P8 {
+            map2(a, b, |x, y| x / y)
+        }
+        #[inline(always)]
+        unsafe fn max(a: P8, b: P8) -> P8 {
+            map2(a, b, f32::max)
+        }
+        #[inline(always)]
+        unsafe fn exp2(x: P8) -> P8 {
+            x.map(exp2_scalar)
+        }
+        #[inline(always)]
+        unsafe fn reduce_add(v: P8) -> f32 {
+            ((v[0] + v[4]) + (v[1] + v[5])) + ((v[2] + v[6]) + (v[3] + v[7]))
+        }
     }
 }
 
@@ -470,6 +480,70 @@ mod tests {
             }
             if is_x86_feature_detected!("avx512f") {
                 transposes_like_scalar::<Avx512>();
+            }
+        }
+    }
+
+    /// Every lane of `S`'s arithmetic against the scalar operation: exact where IEEE
+    /// rounding fixes the result, the shared polynomial's bound for 2^x. `fused`: the
+    /// multiply-add rounds once (every path but the plain arrays), which one lane's
+    /// inputs tell apart: (1 + 2^-12)^2 - 1 is 2^-11 + 2^-24 fused, 2^-11 rounded twice.
+    fn ops_like_scalar<S: Simd>(fused: bool) {
+        let n = S::LANES;
+        let lane = |i: usize, salt: f32| ((i as f32 + 1.0) * 0.731 + salt).sin() * 3.0;
+        let a: Vec<f32> = (0..n).map(|i| if i == 1 { 1.0 + 2f32.powi(-12) } else { lane(i, 0.1) }).collect();
+        let b: Vec<f32> = (0..n).map(|i| if i == 1 { 1.0 + 2f32.powi(-12) } else { lane(i, 2.3) }).collect();
+        let c: Vec<f32> = (0..n).map(|i| if i == 1 { -1.0 } else { lane(i, 4.7) }).collect();
+        let run = |f: &dyn Fn(S::V, S::V, S::V) -> S::V| -> Vec<f32> {
+            let mut out = vec![0f32; n];
+            // SAFETY: each buffer holds LANES floats; the caller checked the CPU's features.
+            unsafe { S::store(out.as_mut_ptr(), f(S::load(a.as_ptr()), S::load(b.as_ptr()), S::load(c.as_ptr()))) };
+            out
+        };
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let want = |f: fn(f32, f32, f32) -> f32| (0..n).map(|i| f(a[i], b[i], c[i])).collect::<Vec<f32>>();
+        // SAFETY (all closures below): as `run`'s.
+        let fma: Vec<f32> = run(&|x, y, z| unsafe { S::fmadd(x, y, z) });
+        let expect_fma = if fused { want(|x, y, z| x.mul_add(y, z)) } else { want(|x, y, z| x * y + z) };
+        assert_eq!(bits(&fma), bits(&expect_fma), "fmadd (fused: {fused})");
+        assert_eq!(fma[1], if fused { 2f32.powi(-11) + 2f32.powi(-24) } else { 2f32.powi(-11) });
+        assert_eq!(bits(&run(&|x, y, _| unsafe { S::add(x, y) })), bits(&want(|x, y, _| x + y)), "add");
+        assert_eq!(bits(&run(&|x, y, _| unsafe { S::sub(x, y) })), bits(&want(|x, y, _| x - y)), "sub");
+        assert_eq!(bits(&run(&|x, y, _| unsafe { S::mul(x, y) })), bits(&want(|x, y, _| x * y)), "mul");
+        assert_eq!(bits(&run(&|x, y, _| unsafe { S::div(x, y) })), bits(&want(|x, y, _| x / y)), "div");
+        assert_eq!(bits(&run(&|x, y, _| unsafe { S::max(x, y) })), bits(&want(|x, y, _| x.max(y))), "max");
+        assert_eq!(bits(&run(&|_, _, _| unsafe { S::splat(0.375) })), bits(&vec![0.375; n]), "splat");
+        // SAFETY: as `run`'s.
+        let sum = unsafe { S::reduce_add(S::load(a.as_ptr())) };
+        let exact: f64 = a.iter().map(|&x| x as f64).sum();
+        assert!((sum as f64 - exact).abs() <= 1e-6 * a.iter().map(|x| x.abs() as f64).sum::<f64>(), "reduce_add {sum} vs {exact}");
+        // 2^x across its range (it saturates past 127) and below it (0).
+        for x0 in [-140.0f32, -126.5, -126.0, -60.3, -1.5, -0.49, 0.0, 0.5, 3.25, 60.7, 126.4] {
+            let xs: Vec<f32> = (0..n).map(|i| x0 + i as f32 * 0.0371).collect();
+            let mut got = vec![0f32; n];
+            // SAFETY: as `run`'s.
+            unsafe { S::store(got.as_mut_ptr(), S::exp2(S::load(xs.as_ptr()))) };
+            for (&x, &g) in xs.iter().zip(&got) {
+                if x < EXP2_MIN {
+                    assert_eq!(g, 0.0, "exp2({x})");
+                } else {
+                    let r = (x as f64).exp2();
+                    assert!(((g as f64 - r) / r).abs() <= 4e-7, "exp2({x}) = {g}, want {r}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn vector_arithmetic_matches_the_scalar_one() {
+        ops_like_scalar::<Portable>(cfg!(target_arch = "aarch64"));
+        #[cfg(target_arch = "x86_64")]
+        {
+            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+                ops_like_scalar::<Avx2>(true);
+            }
+            if is_x86_feature_detected!("avx512f") {
+                ops_like_scalar::<Avx512>(true);
             }
         }
     }
