@@ -35,7 +35,7 @@ fn switch_selects_the_path_and_a_whole_unet_agrees() {
     let fast_attn = attention(&q, &k, &k, 0.15, AttentionMask::None).unwrap();
     let fast_gn = gn.forward(&x).unwrap();
     // The kernels ran: close, but not the plain path's bits (attention keeps the
-    // plain path where the kernel does not pay: no AVX2, e.g. aarch64).
+    // plain path where the kernel does not pay: an x86-64 without AVX2).
     assert_eq!(bit_equal(&fast_attn, &plain_attn), !brume::kernels::attention_pays());
     assert!(rel_err(&fast_attn, &plain_attn) <= 1e-5);
     assert!(!bit_equal(&fast_gn, &plain_gn) && rel_err(&fast_gn, &plain_gn) <= 1e-5);

@@ -4,7 +4,7 @@
 //! (proven on random inputs in `tests/kernels_*.rs`), only faster: fused, tiled,
 //! multi-threaded over rayon's pool and vectorised for the instruction set this CPU
 //! offers, detected once at run time so one binary runs on any x86-64 (AVX-512,
-//! AVX2+FMA, or the portable path, which is also the aarch64 one).
+//! AVX2+FMA, or the portable path); on aarch64 the portable path is NEON.
 //!
 //! The layer types decide when a kernel runs ([`use_fast`]); the process-wide
 //! [`KernelMode`] switch sends everything back to the plain candle path, which is
@@ -235,11 +235,17 @@ pub fn fused_attention_on_cpu() -> bool {
 }
 
 /// Whether the fused attention kernel beats candle's plain path on this CPU. The
-/// portable path does not (with the ISA capped to it on an AVX-512 machine it ran
-/// 1.7x slower than candle's own SIMD matmuls), so without AVX2 the attention
-/// layer keeps the plain path; `flash_attention` itself still runs anywhere.
+/// plain-array path does not (with the ISA capped to it on an AVX-512 machine it ran
+/// 1.7x slower than candle's own SIMD matmuls), so an x86-64 without AVX2 keeps the
+/// plain path; `flash_attention` itself still runs anywhere. On aarch64 the
+/// portable path is NEON with fused multiply-adds and the fused kernel runs: the
+/// plain path's score matrices (n_q x n_k per head, and the softmax beside them: 2 x
+/// 1 GiB for a guided SD 1.5 step's 4096-token self-attention) do not fit the phones'
+/// working sets the memory planner budgets for, which made it chunk attention or
+/// fall back in size.
+/// Its speed there against candle's NEON matmuls is unmeasured (no ARM host here).
 pub fn attention_pays() -> bool {
-    isa() != Isa::Portable
+    cfg!(target_arch = "aarch64") || isa() != Isa::Portable
 }
 
 /// The instruction set the kernels use on this machine.
@@ -249,8 +255,8 @@ pub enum Isa {
     Avx512,
     /// AVX2 with FMA (8 lanes).
     Avx2,
-    /// Plain Rust on 8-lane arrays, which the compiler vectorises for the target
-    /// (SSE2 on a bare x86-64, NEON on aarch64).
+    /// The 8-lane path every CPU of the target has: NEON intrinsics on aarch64,
+    /// plain Rust arrays elsewhere (SSE2 on a bare x86-64).
     Portable,
 }
 
@@ -287,6 +293,7 @@ impl Isa {
         match self {
             Self::Avx512 => "avx512",
             Self::Avx2 => "avx2+fma",
+            Self::Portable if cfg!(target_arch = "aarch64") => "neon",
             Self::Portable => "portable",
         }
     }
