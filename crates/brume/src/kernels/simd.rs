@@ -105,6 +105,34 @@ unsafe fn exp2_poly<S: Simd>(f: S::V) -> S::V {
     p
 }
 
+/// The square tile an instruction set transposes in registers.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+trait TransposeTile {
+    const N: usize;
+    /// One N x N tile: `dst[c * ldd + r] = src[r * ld + c]`.
+    ///
+    /// SAFETY: the CPU has the instruction set; both tiles lie in their buffers.
+    unsafe fn tile(src: *const f32, ld: usize, dst: *mut f32, ldd: usize);
+}
+
+/// [`Simd::transpose`] by whole tiles of `T` in registers, the ragged edges element by element.
+///
+/// SAFETY: as [`Simd::transpose`], and the CPU has `T`'s instruction set.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+#[inline(always)]
+unsafe fn transpose_tiled<T: TransposeTile>(src: *const f32, ld: usize, rows: usize, cols: usize, dst: *mut f32, ldd: usize) {
+    let (rt, ct) = (rows / T::N * T::N, cols / T::N * T::N);
+    unsafe {
+        for r in (0..rt).step_by(T::N) {
+            for c in (0..ct).step_by(T::N) {
+                T::tile(src.add(r * ld + c), ld, dst.add(c * ldd + r), ldd);
+            }
+        }
+        transpose_scalar(src, ld, 0, rt, ct, cols, dst, ldd);
+        transpose_scalar(src, ld, rt, rows, 0, cols, dst, ldd);
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 pub(crate) use x86::{Avx2, Avx512};
 
@@ -112,16 +140,7 @@ pub(crate) use x86::{Avx2, Avx512};
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::{exp2_poly, transpose_scalar, Simd, EXP2_MAX, EXP2_MIN};
-
-    /// The square tile an instruction set transposes in registers.
-    trait TransposeTile {
-        const N: usize;
-        /// One N x N tile: `dst[c * ldd + r] = src[r * ld + c]`.
-        ///
-        /// SAFETY: the CPU has the instruction set; both tiles lie in their buffers.
-        unsafe fn tile(src: *const f32, ld: usize, dst: *mut f32, ldd: usize);
-    }
+    use super::{exp2_poly, transpose_tiled, Simd, TransposeTile, EXP2_MAX, EXP2_MIN};
 
     impl TransposeTile for Avx512 {
         const N: usize = 16;
@@ -138,23 +157,6 @@ mod x86 {
         unsafe fn tile(src: *const f32, ld: usize, dst: *mut f32, ldd: usize) {
             // SAFETY: forwarded from the caller.
             unsafe { transpose8(src, ld, dst, ldd) }
-        }
-    }
-
-    /// [`Simd::transpose`] by whole tiles of `T` in registers, the ragged edges element by element.
-    ///
-    /// SAFETY: as [`Simd::transpose`], and the CPU has `T`'s instruction set.
-    #[inline(always)]
-    unsafe fn transpose_tiled<T: TransposeTile>(src: *const f32, ld: usize, rows: usize, cols: usize, dst: *mut f32, ldd: usize) {
-        let (rt, ct) = (rows / T::N * T::N, cols / T::N * T::N);
-        unsafe {
-            for r in (0..rt).step_by(T::N) {
-                for c in (0..ct).step_by(T::N) {
-                    T::tile(src.add(r * ld + c), ld, dst.add(c * ldd + r), ldd);
-                }
-            }
-            transpose_scalar(src, ld, 0, rt, ct, cols, dst, ldd);
-            transpose_scalar(src, ld, rt, rows, 0, cols, dst, ldd);
         }
     }
 

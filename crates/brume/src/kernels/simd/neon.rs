@@ -11,7 +11,7 @@
 
 use std::arch::aarch64::*;
 
-use super::{transpose_scalar, Portable, Simd, EXP2_C, EXP2_MAX, EXP2_MIN};
+use super::{transpose_tiled, Portable, Simd, TransposeTile, EXP2_C, EXP2_MAX, EXP2_MIN};
 
 /// Eight f32 lanes: lanes 0-3 and 4-7.
 #[derive(Clone, Copy)]
@@ -97,17 +97,17 @@ impl Simd for Portable {
     /// product on AVX2 before its 8 x 8 tiles.
     #[inline(always)]
     unsafe fn transpose(src: *const f32, ld: usize, rows: usize, cols: usize, dst: *mut f32, ldd: usize) {
-        let (rt, ct) = (rows / 4 * 4, cols / 4 * 4);
-        // SAFETY: every tile and edge lies inside the caller's rows x cols (forwarded contract).
-        unsafe {
-            for r in (0..rt).step_by(4) {
-                for c in (0..ct).step_by(4) {
-                    tile4(src.add(r * ld + c), ld, dst.add(c * ldd + r), ldd);
-                }
-            }
-            transpose_scalar(src, ld, 0, rt, ct, cols, dst, ldd);
-            transpose_scalar(src, ld, rt, rows, 0, cols, dst, ldd);
-        }
+        // SAFETY: forwarded from the caller.
+        unsafe { transpose_tiled::<Self>(src, ld, rows, cols, dst, ldd) }
+    }
+}
+
+impl TransposeTile for Portable {
+    const N: usize = 4;
+    #[inline(always)]
+    unsafe fn tile(src: *const f32, ld: usize, dst: *mut f32, ldd: usize) {
+        // SAFETY: forwarded from the caller.
+        unsafe { tile4(src, ld, dst, ldd) }
     }
 }
 
