@@ -55,7 +55,7 @@ pub fn edits(a: EditsArgs) -> anyhow::Result<()> {
         bail!("--columns must be positive");
     }
     for (name, s) in [("--strength", a.strength), ("--inpaint-strength", Some(a.inpaint_strength))] {
-        if let Some(s) = s.filter(|s| !(*s > 0.0 && *s <= 1.0)) {
+        if let Some(s) = s.filter(|&s| !brume::pipelines::img2img::strength_in_range(s)) {
             bail!("{name} must be in (0, 1], got {s}");
         }
     }

@@ -25,8 +25,15 @@ pub fn start_index(steps: usize, strength: f64, order: usize) -> Result<usize> {
     Ok((steps - init) * order)
 }
 
+/// Whether `strength` is one img2img and inpainting take: in (0, 1]. One rule for the
+/// pipelines, a model's `sampling_defaults.json` and the CLI's flags (each names its own
+/// source in its error); NaN is refused.
+pub fn strength_in_range(strength: f64) -> bool {
+    strength > 0.0 && strength <= 1.0
+}
+
 fn check_strength(strength: f64) -> Result<()> {
-    if strength > 0.0 && strength <= 1.0 {
+    if strength_in_range(strength) {
         Ok(())
     } else {
         Err(RunError::Invalid(format!("strength must be in (0, 1], got {strength}")))

@@ -87,7 +87,7 @@ impl SamplingDefaults {
         let strength = match r.get("strength") {
             Some(_) => {
                 let s = r.f64("strength", STRENGTH)?;
-                if !(s > 0.0 && s <= 1.0) {
+                if !crate::pipelines::img2img::strength_in_range(s) {
                     return Err(r.error("strength", format!("{s} is not an img2img strength in (0, 1]")));
                 }
                 Some(s)
