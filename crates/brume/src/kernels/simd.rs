@@ -93,9 +93,8 @@ unsafe fn transpose_scalar(src: *const f32, ld: usize, r0: usize, r1: usize, c0:
 }
 
 /// The polynomial part of exp2 on f in [-0.5, 0.5], in Horner form (the vector
-/// paths; the plain-array one runs the same polynomial per lane in `exp2_scalar`,
-/// NEON's inline in `neon::exp2_q`).
-#[cfg(target_arch = "x86_64")]
+/// paths; the plain-array one runs the same polynomial per lane in `exp2_scalar`).
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 #[inline(always)]
 unsafe fn exp2_poly<S: Simd>(f: S::V) -> S::V {
     let mut p = S::splat(EXP2_C[6]);

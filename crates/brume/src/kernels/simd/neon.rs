@@ -11,7 +11,7 @@
 
 use std::arch::aarch64::*;
 
-use super::{transpose_tiled, Portable, Simd, TransposeTile, EXP2_C, EXP2_MAX, EXP2_MIN};
+use super::{exp2_poly, transpose_tiled, Portable, Simd, TransposeTile, EXP2_MAX, EXP2_MIN};
 
 /// Eight f32 lanes: lanes 0-3 and 4-7.
 #[derive(Clone, Copy)]
@@ -77,10 +77,25 @@ impl Simd for Portable {
         // SAFETY: NEON.
         both(a, b, |x, y| unsafe { vmaxnmq_f32(x, y) })
     }
+    /// 2^x, 0 below [`EXP2_MIN`] (and for NaN, as the AVX paths give): x = n + f with n
+    /// the nearest integer, 2^f by the shared polynomial, 2^n built in the exponent bits.
     #[inline(always)]
     unsafe fn exp2(x: N8) -> N8 {
         // SAFETY: NEON.
-        unsafe { N8(exp2_q(x.0), exp2_q(x.1)) }
+        unsafe {
+            let keep = |v| vcgeq_f32(v, vdupq_n_f32(EXP2_MIN));
+            let keep = (keep(x.0), keep(x.1));
+            let clamp = |v| vminq_f32(vmaxq_f32(v, vdupq_n_f32(EXP2_MIN)), vdupq_n_f32(EXP2_MAX));
+            let x = N8(clamp(x.0), clamp(x.1));
+            let n = N8(vrndnq_f32(x.0), vrndnq_f32(x.1));
+            let p = exp2_poly::<Self>(Self::sub(x, n));
+            let scaled = |p, n, keep| {
+                let bits = vshlq_n_s32::<23>(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)));
+                let r = vmulq_f32(p, vreinterpretq_f32_s32(bits));
+                vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(r), keep))
+            };
+            N8(scaled(p.0, n.0, keep.0), scaled(p.1, n.1, keep.1))
+        }
     }
     #[inline(always)]
     unsafe fn reduce_add(v: N8) -> f32 {
@@ -131,28 +146,5 @@ unsafe fn tile4(src: *const f32, ld: usize, dst: *mut f32, ldd: usize) {
         for (c, col) in cols.into_iter().enumerate() {
             vst1q_f32(dst.add(c * ldd), vreinterpretq_f32_f64(col));
         }
-    }
-}
-
-/// 2^x on four lanes, 0 below [`EXP2_MIN`] (and for NaN, as the AVX paths give):
-/// x = n + f with n the nearest integer, 2^f by the shared polynomial, 2^n built in
-/// the exponent bits.
-///
-/// SAFETY: NEON.
-#[inline(always)]
-unsafe fn exp2_q(x: float32x4_t) -> float32x4_t {
-    unsafe {
-        let keep = vcgeq_f32(x, vdupq_n_f32(EXP2_MIN));
-        let x = vminq_f32(vmaxq_f32(x, vdupq_n_f32(EXP2_MIN)), vdupq_n_f32(EXP2_MAX));
-        let n = vrndnq_f32(x);
-        let f = vsubq_f32(x, n);
-        // The shared polynomial in Horner form, as `exp2_poly` runs it.
-        let mut p = vdupq_n_f32(EXP2_C[6]);
-        for &c in EXP2_C[..6].iter().rev() {
-            p = vfmaq_f32(vdupq_n_f32(c), p, f);
-        }
-        let bits = vshlq_n_s32::<23>(vaddq_s32(vcvtq_s32_f32(n), vdupq_n_s32(127)));
-        let r = vmulq_f32(p, vreinterpretq_f32_s32(bits));
-        vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(r), keep))
     }
 }
