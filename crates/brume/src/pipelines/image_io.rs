@@ -81,7 +81,28 @@ fn resize_to(img: image::DynamicImage, size: (u32, u32)) -> image::DynamicImage 
 
 /// Reads an RGB image (alpha dropped) for img2img / inpainting.
 pub fn load_image(path: &Path, factor: u32) -> Result<LoadedImage> {
-    let img = open_image(path, "image")?;
+    prepare_image(open_image(path, "image")?, factor)
+}
+
+/// Decodes an image held in memory (an upload to the service), with the same
+/// limits as a file: `what` names it in errors (e.g. `init_images[0]`).
+pub fn decode_image(bytes: &[u8], what: &str) -> Result<image::DynamicImage> {
+    let mut reader = image::ImageReader::new(std::io::Cursor::new(bytes))
+        .with_guessed_format()
+        .map_err(|e| RunError::Invalid(format!("{what}: cannot read: {e}")))?;
+    if reader.format().is_none() {
+        return Err(RunError::Invalid(format!("{what}: not an image (PNG, JPEG or WebP expected)")));
+    }
+    let mut limits = image::Limits::default();
+    limits.max_image_width = Some(MAX_SIDE);
+    limits.max_image_height = Some(MAX_SIDE);
+    limits.max_alloc = Some(512 * 1024 * 1024);
+    reader.limits(limits);
+    reader.decode().map_err(|e| RunError::Invalid(format!("{what}: cannot decode: {e}")))
+}
+
+/// An already decoded picture, adapted to the VAE as [`load_image`] does.
+pub fn prepare_image(img: image::DynamicImage, factor: u32) -> Result<LoadedImage> {
     let original = (img.width(), img.height());
     let size = working_size(original.0, original.1, factor)?;
     let rgb = resize_to(img, size).to_rgb8();
@@ -102,11 +123,15 @@ pub fn rgb_to_tensor(rgb: &image::RgbImage) -> Result<Tensor> {
 
 /// Reads a mask (white = repaint) of exactly the image's size: [1, 1, H, W] in [0, 1].
 pub fn load_mask(path: &Path, image: &LoadedImage) -> Result<Tensor> {
-    let img = open_image(path, "mask")?;
+    prepare_mask(open_image(path, "mask")?, &format!("mask {}", path.display()), image)
+}
+
+/// A decoded mask (white = repaint) checked against the image's size and adapted
+/// as [`load_mask`] does; `what` names it in errors.
+pub fn prepare_mask(img: image::DynamicImage, what: &str, image: &LoadedImage) -> Result<Tensor> {
     if (img.width(), img.height()) != image.original {
         return Err(RunError::Invalid(format!(
-            "mask {} is {}x{} but the image is {}x{}; they must be the same size",
-            path.display(),
+            "{what} is {}x{} but the image is {}x{}; they must be the same size",
             img.width(),
             img.height(),
             image.original.0,

@@ -1,0 +1,1 @@
+//! `brume serve` (being built).
