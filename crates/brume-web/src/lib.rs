@@ -1,0 +1,1 @@
+//! The web editor's assets, embedded (being built).
