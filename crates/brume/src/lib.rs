@@ -11,6 +11,7 @@ pub mod layers;
 pub mod loading;
 pub mod memory;
 pub mod models;
+pub mod output;
 pub mod pipelines;
 pub mod quantization;
 pub mod runtime;

@@ -18,14 +18,24 @@ pub fn to_rgb8(image: &Tensor) -> Result<image::RgbImage> {
         .ok_or_else(|| RunError::Invalid("image buffer size mismatch".into()))
 }
 
-/// Writes a PNG atomically (a failed write, e.g. a full disk, leaves no partial
-/// file), with the recipe's text chunks when given.
+/// Writes a PNG by the output rule ([`crate::output`]) with `force`: it
+/// replaces at most a regular file, never a symlink, folder or device. Prefer
+/// [`save_png_to`], which also keeps a file created during the run.
 pub fn save_png(img: &image::RgbImage, path: &Path, recipe: Option<&super::recipe::Recipe>) -> Result<()> {
+    save_png_to(img, &crate::output::Output::new(path, true), recipe).map(|_| ())
+}
+
+/// Writes a PNG by the output rule (see [`crate::output::Output::write`]): a
+/// failed write leaves no partial file, and without `force` nothing at the name
+/// is replaced (a file that appeared during the run is kept and the result goes
+/// next to it: see [`crate::output::Written::notice`]).
+pub fn save_png_to(
+    img: &image::RgbImage,
+    out: &crate::output::Output,
+    recipe: Option<&super::recipe::Recipe>,
+) -> Result<crate::output::Written> {
     let buf = super::recipe::encode_png(img, recipe)?;
-    crate::util::atomic_write(path, |w| std::io::Write::write_all(w, &buf)).map_err(|source| RunError::Write {
-        path: path.to_path_buf(),
-        source,
-    })
+    Ok(out.write_bytes(&buf)?)
 }
 
 /// Largest side accepted for an input image.
