@@ -305,6 +305,8 @@ pub struct PurgeReport {
 /// are plain text), a trailing `*` stays a prefix search, and the words are
 /// ANDed. `None` when no word holds a letter or digit.
 pub fn fts_query(text: &str) -> Option<String> {
+    // Control characters (NUL ends SQLite's reading of the query) separate words.
+    let text: String = text.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
     let terms: Vec<String> = text
         .split_whitespace()
         .filter_map(|w| {

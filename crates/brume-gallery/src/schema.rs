@@ -9,7 +9,7 @@ use crate::error::{GalleryError, Result};
 /// v1, the first schema.
 const V1: &str = r#"
 CREATE TABLE images (
-    id              INTEGER PRIMARY KEY,
+    id              INTEGER PRIMARY KEY AUTOINCREMENT,  -- never reused: ids stay valid in URLs and lineage
     -- SHA-256 of the PNG, lowercase hex; the file is images/<sha256>.png
     sha256          TEXT NOT NULL CHECK (length(sha256) = 64),
     bytes           INTEGER NOT NULL,
