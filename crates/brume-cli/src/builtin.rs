@@ -23,6 +23,10 @@ pub static FILES: &[EmbeddedFile] = embed!(
     "unet_lcm/diffusion_pytorch_model.safetensors",
     "unet_lcm/sampling_defaults.json",
     "scheduler_lcm/scheduler_config.json",
+    // The vocabulary is the engine's; these two small files carry its settings
+    // so a converted copy has the original's tokenizer folder.
+    "tokenizer/tokenizer_config.json",
+    "tokenizer/special_tokens_map.json",
     "vae/config.json",
     "vae/diffusion_pytorch_model.safetensors",
 );

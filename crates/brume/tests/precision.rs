@@ -151,8 +151,31 @@ fn converting_refuses_to_overwrite() {
     let e = conv(&out, false).unwrap_err().to_string();
     assert!(e.contains("already exists") && e.contains("--force"), "{e}");
     assert!(out.join("keep").exists());
+    // --force never deletes what a folder held (issue 52): a folder that is not
+    // a conversion is refused, before any work.
+    let e = conv(&out, true).unwrap_err().to_string();
+    assert!(e.contains("not a model brume converted"), "{e}");
+    assert!(out.join("keep").exists());
+    // A previous conversion is replaced, but not a file of the user's put into it.
+    std::fs::remove_file(out.join("keep")).unwrap();
+    conv(&out, false).unwrap();
+    std::fs::write(out.join("keep"), b"x").unwrap();
+    let e = conv(&out, true).unwrap_err().to_string();
+    assert!(e.contains("keep") && e.contains("deletes nothing"), "{e}");
+    assert!(out.join("keep").exists() && out.join(RECORD_FILE).exists());
+    std::fs::remove_file(out.join("keep")).unwrap();
     conv(&out, true).unwrap();
-    assert!(!out.join("keep").exists() && out.join(RECORD_FILE).exists());
+    assert!(out.join(RECORD_FILE).exists());
+    // A symlink at OUT is never replaced, even with --force.
+    #[cfg(unix)]
+    {
+        let link = tmp.path().join("link");
+        std::os::unix::fs::symlink(&out, &link).unwrap();
+        let e = conv(&link, true).unwrap_err().to_string();
+        assert!(e.contains("symbolic link"), "{e}");
+        assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink());
+        std::fs::remove_file(&link).unwrap();
+    }
     // No temporary folder left behind.
     let leftovers: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().flatten().filter(|e| e.file_name().to_string_lossy().starts_with('.')).collect();
     assert!(leftovers.is_empty());

@@ -4,7 +4,10 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
-use brume::quantization::convert::{convert, ConfigSource};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use brume::quantization::convert::{convert_with, ConfigSource};
 use brume::quantization::policy::PRESETS;
 use brume::quantization::Policy;
 use brume::runtime::memory::{self, mib};
@@ -60,8 +63,31 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         Some(d) => ConfigSource::Folder(d),
         None => ConfigSource::Embedded(crate::builtin::FILES),
     };
+    // Every other UNet folder comes along (the built-in model's `unet_lcm`), so
+    // what ran on the original runs on the copy.
+    let mut extra = Vec::new();
+    for folder in other_unet_folders(input.as_deref(), &model.unet_folder) {
+        let mut args = a.model.clone();
+        args.unet = Some(folder.clone());
+        extra.push(args.open().with_context(|| format!("opening the model's other UNet folder `{folder}`"))?);
+    }
+    let extra_refs: Vec<&brume::pipelines::SdModel> = extra.iter().collect();
+    // Ctrl-C stops between tensors; the temporary folder is then removed.
+    let cancel = Arc::new(AtomicBool::new(false));
+    let flag = cancel.clone();
+    if let Err(e) = ctrlc::set_handler(move || {
+        if !flag.swap(true, Ordering::SeqCst) {
+            eprintln!("\ncancelling: removing the partial copy");
+        }
+    }) {
+        tracing::warn!("cannot install the Ctrl-C handler: {e}");
+    }
     let start = Instant::now();
-    let record = convert(&model, configs, input.as_deref(), &policy, &a.out, a.force)?;
+    let cancelled = || cancel.load(Ordering::SeqCst);
+    let record = match convert_with(&model, &extra_refs, configs, input.as_deref(), &policy, &a.out, a.force, &cancelled) {
+        Err(brume::RunError::Cancelled) => bail!("cancelled; nothing was written"),
+        other => other?,
+    };
     let secs = start.elapsed().as_secs_f64();
     println!("converted {} ({}) at {} into {} in {secs:.1} s", model.name, record.source_hash, policy.name, a.out.display());
     for seg in brume::loading::Segment::ALL {
@@ -75,4 +101,30 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         println!("peak RSS {}", mib(peak));
     }
     Ok(())
+}
+
+/// The model's UNet folders other than `current`: subfolders named `unet*`
+/// with a config (on disk), or those compiled into the built-in model.
+fn other_unet_folders(input: Option<&std::path::Path>, current: &str) -> Vec<String> {
+    let mut found: Vec<String> = match input {
+        Some(root) if root.is_dir() => std::fs::read_dir(root)
+            .map(|rd| {
+                rd.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| n.starts_with("unet") && root.join(n).join("config.json").is_file())
+                    .collect()
+            })
+            .unwrap_or_default(),
+        Some(_) => Vec::new(),
+        None => crate::builtin::FILES
+            .iter()
+            .filter_map(|f| f.path.strip_suffix("/config.json"))
+            .filter(|d| d.starts_with("unet"))
+            .map(str::to_string)
+            .collect(),
+    };
+    found.retain(|f| f != current);
+    found.sort();
+    found.dedup();
+    found
 }

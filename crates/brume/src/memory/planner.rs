@@ -257,6 +257,7 @@ pub fn plan(
     resolution: ResolutionFallback,
     variants: &[PrecisionVariant],
 ) -> Result<Plan, RunError> {
+    check_shape(model, shape)?;
     let b = budget.bytes();
     let mut smallest: Option<(u64, String)> = None;
     let mut consider = |e: &Estimate, label: String| {
@@ -297,6 +298,7 @@ pub fn plan(
 /// A plan with a fixed strategy at the requested size (`--memory-plan`), still
 /// refused when it does not fit.
 pub fn fixed(model: &ModelProfile, shape: &RequestShape, budget: &Budget, strategy: Strategy) -> Result<Plan, RunError> {
+    check_shape(model, shape)?;
     let e = estimate(model, shape, &strategy);
     if !fits(&e, budget.bytes()) {
         return Err(RunError::OverBudget {
@@ -333,4 +335,23 @@ fn candidate_sizes(model: &ModelProfile, shape: &RequestShape, resolution: Resol
         out.push((RunSize::Reduced { width: w, height: h, output }, RequestShape { width: w, height: h, ..*shape }));
     }
     out
+}
+
+/// The arguments are checked before any memory is planned: the estimator walks
+/// feature maps sized by them, and a size the model cannot run (below the VAE
+/// factor, not a multiple of it, huge) must be an error naming it, not a panic
+/// or an overflow in the walk.
+pub fn check_shape(model: &ModelProfile, shape: &RequestShape) -> Result<(), RunError> {
+    let f = model.vae.scale_factor();
+    let (w, h) = (shape.width, shape.height);
+    if w == 0 || h == 0 || w % f != 0 || h % f != 0 {
+        return Err(RunError::Invalid(format!("size {w}x{h} must be positive multiples of {f} (the VAE factor)")));
+    }
+    if w > 4096 || h > 4096 {
+        return Err(RunError::Invalid(format!("size {w}x{h} is over the 4096-pixel limit per side")));
+    }
+    if shape.batch == 0 || shape.batch > 64 {
+        return Err(RunError::Invalid(format!("batch must be 1..=64, got {}", shape.batch)));
+    }
+    Ok(())
 }

@@ -152,7 +152,7 @@ fn cols(c: u64, k: u64, ho: u64, wo: u64) -> u64 {
         return 0;
     }
     let ck = c * k * k;
-    let band = (COLS_BUDGET / (4 * ck * wo).max(1)).clamp(1, ho);
+    let band = (COLS_BUDGET / (4 * ck * wo).max(1)).clamp(1, ho.max(1)); // a 0-row map must not panic
     4 * ck * band * wo
 }
 

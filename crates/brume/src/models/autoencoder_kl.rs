@@ -45,8 +45,9 @@ impl AutoencoderKLConfig {
             Some(_) => c.usizes("block_out_channels")?,
         };
         let n = block_out_channels.len();
-        if n == 0 {
-            return Err(c.error("block_out_channels", "must not be empty"));
+        if n == 0 || n > 8 {
+            // The pixel factor is 2^(n - 1): bounded so it cannot overflow.
+            return Err(c.error("block_out_channels", format!("must have 1..=8 entries, found {n}")));
         }
         for (field, want) in [("down_block_types", "DownEncoderBlock2D"), ("up_block_types", "UpDecoderBlock2D")] {
             if c.get(field).is_some() {
@@ -71,6 +72,7 @@ impl AutoencoderKLConfig {
             return Err(c.error("norm_num_groups", format!("{norm_num_groups} does not divide {bad} channels")));
         }
         c.expect_one_of("in_channels", &[json!(3)])?;
+        check_latent_scaling(c, c.f64("scaling_factor", 0.18215)?, c.f64("shift_factor", 0.0)?)?;
         Ok(Self {
             in_channels: c.usize("in_channels", Some(3))?,
             out_channels: c.usize("out_channels", Some(3))?,
@@ -322,4 +324,16 @@ impl VaeDecoder {
         }
         self.conv_out.forward(&self.conv_norm_out.forward_then(&h, self.cfg.act_fn)?)
     }
+}
+
+/// Latents are divided by `scaling_factor` before decoding: 0 (or a non-finite
+/// value) turns every picture into NaN, written out as black with no error.
+pub(crate) fn check_latent_scaling(c: &ConfigReader, scaling: f64, shift: f64) -> Result<(), LoadError> {
+    if !(scaling.is_finite() && scaling.abs() >= 1e-6 && scaling.abs() <= 1e6) {
+        return Err(c.error("scaling_factor", format!("must be a finite number away from 0 (1e-6..1e6 in size), found {scaling}")));
+    }
+    if !shift.is_finite() {
+        return Err(c.error("shift_factor", format!("must be a finite number, found {shift}")));
+    }
+    Ok(())
 }

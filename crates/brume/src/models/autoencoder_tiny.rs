@@ -66,6 +66,14 @@ impl AutoencoderTinyConfig {
         if cfg.decoder_block_out_channels.len() != cfg.num_decoder_blocks.len() || cfg.decoder_block_out_channels.is_empty() {
             return Err(c.error("num_decoder_blocks", "must have one entry per decoder_block_out_channels entry"));
         }
+        // The pixel factor is upsampling_scaling_factor^(blocks - 1): bounded so it cannot overflow.
+        if cfg.decoder_block_out_channels.len() > 8 || cfg.encoder_block_out_channels.len() > 8 {
+            return Err(c.error("decoder_block_out_channels", "at most 8 blocks are supported"));
+        }
+        if !(1..=4).contains(&cfg.upsampling_scaling_factor) {
+            return Err(c.error("upsampling_scaling_factor", format!("must be 1..=4, found {}", cfg.upsampling_scaling_factor)));
+        }
+        super::autoencoder_kl::check_latent_scaling(c, cfg.scaling_factor, cfg.shift_factor)?;
         Ok(cfg)
     }
 

@@ -10,6 +10,15 @@ use serde_json::{Map, Value};
 
 use crate::error::LoadError;
 
+/// Largest integer a config field may hold. Every size, count and length in a
+/// model config is far below it (vocabularies ~50k, channels ~2k, timesteps
+/// 1000); anything above is a broken file, and sizing an allocation or a
+/// product of sizes by it would abort or overflow instead of failing cleanly.
+pub const MAX_CONFIG_INT: u64 = 1 << 20;
+
+/// Largest config file read (they are a few KB).
+pub const MAX_CONFIG_BYTES: u64 = 4 << 20;
+
 /// A parsed `config.json` with its path, for error messages.
 pub struct ConfigReader {
     path: PathBuf,
@@ -18,6 +27,16 @@ pub struct ConfigReader {
 
 impl ConfigReader {
     pub fn open(path: &Path) -> Result<Self, LoadError> {
+        // Configs are a few KB: a huge file is refused before it is read whole.
+        if let Ok(m) = std::fs::metadata(path) {
+            if m.len() > MAX_CONFIG_BYTES {
+                return Err(LoadError::Config {
+                    path: path.to_path_buf(),
+                    field: "<file>".into(),
+                    reason: format!("{} bytes is too large for a config (at most {MAX_CONFIG_BYTES})", m.len()),
+                });
+            }
+        }
         let text = std::fs::read_to_string(path).map_err(|e| {
             if e.kind() == std::io::ErrorKind::NotFound {
                 LoadError::NotFound {
@@ -90,10 +109,11 @@ impl ConfigReader {
 
     pub fn usize(&self, field: &str, default: Option<usize>) -> Result<usize, LoadError> {
         match self.get(field) {
-            Some(v) => v
-                .as_u64()
-                .map(|x| x as usize)
-                .ok_or_else(|| self.error(field, format!("expected a non-negative integer, found {v}"))),
+            Some(v) => match v.as_u64() {
+                Some(x) if x <= MAX_CONFIG_INT => Ok(x as usize),
+                Some(x) => Err(self.error(field, format!("{x} is too large (at most {MAX_CONFIG_INT})"))),
+                None => Err(self.error(field, format!("expected a non-negative integer, found {v}"))),
+            },
             None => default.ok_or_else(|| self.error(field, "required but absent")),
         }
     }
@@ -155,10 +175,10 @@ impl ConfigReader {
         match self.get(field) {
             Some(Value::Array(a)) => a
                 .iter()
-                .map(|v| {
-                    v.as_u64()
-                        .map(|x| x as usize)
-                        .ok_or_else(|| self.error(field, format!("expected integers, found {v}")))
+                .map(|v| match v.as_u64() {
+                    Some(x) if x <= MAX_CONFIG_INT => Ok(x as usize),
+                    Some(x) => Err(self.error(field, format!("{x} is too large (at most {MAX_CONFIG_INT})"))),
+                    None => Err(self.error(field, format!("expected integers, found {v}"))),
                 })
                 .collect(),
             Some(v) => Err(self.error(field, format!("expected a list of integers, found {v}"))),

@@ -93,9 +93,42 @@ pub fn encode_prompt(
     clip_skip: usize,
     device: &Device,
 ) -> Result<Tensor> {
+    if let Some(cut) = truncated_words(&model.tokenizer, prompt) {
+        tracing::warn!(
+            "the prompt is longer than the text encoder's {} tokens; this end of it was cut and has no effect: \"{}\"",
+            model.tokenizer.max_length(),
+            crate::output::escape_control(&cut)
+        );
+    }
     let ids = model.tokenizer.encode_padded(prompt);
     let ids = Tensor::from_vec(ids.clone(), (1, ids.len()), device)?;
-    Ok(text_encoder.forward(&ids, clip_skip)?.hidden)
+    let hidden = text_encoder.forward(&ids, clip_skip)?.hidden;
+    super::denoise::ensure_finite(&hidden, || {
+        "the text encoder's output is not finite (NaN or infinity): its weights may hold non-finite numbers".to_string()
+    })?;
+    Ok(hidden)
+}
+
+/// The words at the end of `prompt` that fall past the tokenizer's length
+/// (what diffusers silently drops), or `None` when it all fits.
+pub fn truncated_words(tokenizer: &brume_tokenizer::ClipTokenizer, prompt: &str) -> Option<String> {
+    let max = tokenizer.max_length();
+    if tokenizer.encode(prompt).len() <= max {
+        return None;
+    }
+    let words: Vec<&str> = prompt.split_whitespace().collect();
+    // The most words that fit (bos + tokens + eos within max): a binary search.
+    let (mut lo, mut hi) = (0usize, words.len());
+    while lo < hi {
+        let mid = (lo + hi).div_ceil(2);
+        if tokenizer.encode(&words[..mid].join(" ")).len() <= max {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    let cut = words[lo..].join(" ");
+    Some(if cut.chars().count() > 200 { format!("{}...", cut.chars().take(200).collect::<String>()) } else { cut })
 }
 
 /// The conditioning for `req`: from `cache` when it holds it, else the text

@@ -38,5 +38,10 @@ pub fn decode_with(dec: &AnyVaeDecoder, model: &SdModel, latents: &Tensor, opts:
         VaeDecode::Full => dec.decode(&z)?.to_dtype(DType::F32)?,
         VaeDecode::Tiled(spec) => decode_tiled(dec, &z, spec, model.vae_config.scale_factor())?,
     };
+    super::denoise::ensure_finite(&img, || {
+        "the VAE decoder's pixels are not finite (NaN or infinity): its weights may hold non-finite numbers, or the \
+         latents were out of range"
+            .to_string()
+    })?;
     Ok(((img / 2.0)? + 0.5)?.clamp(0f32, 1f32)?)
 }

@@ -156,6 +156,14 @@ pub fn denoise(
             }
             _ => unet.forward_with(&input, &[t as f32], &ctx, timestep_cond.as_ref())?.to_dtype(DType::F32)?,
         };
+        ensure_finite(&out, || {
+            format!(
+                "the UNet's output is not finite (NaN or infinity) at step {} of {}: its weights may hold non-finite \
+                 numbers, or its inputs overflowed",
+                i + 1 - start,
+                total - start
+            )
+        })?;
         let noise_pred = if cond.guided {
             let uncond = out.narrow(0, 0, batch)?;
             let text = out.narrow(0, batch, batch)?;
@@ -173,6 +181,14 @@ pub fn denoise(
             let keep = (mask.ones_like()? - mask)?;
             latents = (proper.broadcast_mul(&keep)? + latents.broadcast_mul(mask)?)?;
         }
+        ensure_finite(&latents, || {
+            format!(
+                "the latents stopped being finite numbers at step {} of {} (guidance scale {guidance_scale}): the \
+                 guidance scale, eta or the scheduler config's numbers are out of a workable range",
+                i + 1 - start,
+                total - start
+            )
+        })?;
         let p = Progress::Step {
             index: i + 1 - start,
             total: total - start,
@@ -183,4 +199,17 @@ pub fn denoise(
         }
     }
     Ok(latents)
+}
+
+/// Fails with `why()` unless every value of `t` is finite. One reduction (the
+/// sum is finite exactly when no value is NaN or infinite, short of an overflow
+/// that is itself a failure): cheap next to a UNet evaluation, and it turns a
+/// black picture reported as success into an error that names the cause.
+pub fn ensure_finite(t: &Tensor, why: impl FnOnce() -> String) -> Result<()> {
+    let sum = t.to_dtype(DType::F32)?.sum_all()?.to_scalar::<f32>()?;
+    if sum.is_finite() {
+        Ok(())
+    } else {
+        Err(RunError::Invalid(why()))
+    }
 }

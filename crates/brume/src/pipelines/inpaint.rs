@@ -139,7 +139,7 @@ fn box_blur(m: &Tensor, r: usize) -> Result<Tensor> {
         for o in 0..outer {
             for i in 0..inner {
                 let lo = i.saturating_sub(r);
-                let hi = (i + r).min(inner - 1);
+                let hi = i.saturating_add(r).min(inner - 1);
                 let mut acc = 0f32;
                 for j in lo..=hi {
                     acc += if horizontal { src[o * w + j] } else { src[j * w + o] };
@@ -162,11 +162,17 @@ fn box_blur(m: &Tensor, r: usize) -> Result<Tensor> {
 pub fn outpaint_canvas(image: &Tensor, extend: [usize; 4], overlap: usize, factor: usize) -> Result<(Tensor, Tensor)> {
     let (_, c, h, w) = image.dims4()?;
     let [l, t, r, b] = extend;
-    if l + t + r + b == 0 {
+    if extend.iter().all(|&x| x == 0) {
         return Err(RunError::Invalid("outpainting needs at least one side to extend".into()));
     }
+    // Sides come from the user: sums checked so a huge one is the size error below, not an overflow.
+    let too_big = || RunError::Invalid(format!("extending {w}x{h} by {extend:?} is over the size limit"));
+    let (sw, sh) = (w.checked_add(l).and_then(|x| x.checked_add(r)).ok_or_else(too_big)?, h.checked_add(t).and_then(|x| x.checked_add(b)).ok_or_else(too_big)?);
+    if sw > super::image_io::MAX_SIDE as usize || sh > super::image_io::MAX_SIDE as usize {
+        return Err(too_big());
+    }
     let round_up = |x: usize| x.div_ceil(factor) * factor;
-    let (nw, nh) = (round_up(w + l + r), round_up(h + t + b));
+    let (nw, nh) = (round_up(sw), round_up(sh));
     let (r, b) = (nw - w - l, nh - h - t);
     if nw > super::image_io::MAX_SIDE as usize || nh > super::image_io::MAX_SIDE as usize {
         return Err(RunError::Invalid(format!("the extended canvas {nw}x{nh} is over the size limit")));

@@ -36,10 +36,14 @@ pub struct InputFile {
 
 impl InputFile {
     pub fn of(path: &Path) -> Result<Self> {
-        let bytes = std::fs::read(path).map_err(|e| RunError::Invalid(format!("{}: cannot read: {e}", path.display())))?;
+        // Streamed: an input of any size hashes in constant memory.
+        let mut h = Sha256::new();
+        std::fs::File::open(path)
+            .and_then(|mut f| std::io::copy(&mut f, &mut h))
+            .map_err(|e| RunError::Invalid(format!("{}: cannot read: {e}", path.display())))?;
         Ok(Self {
             path: path.to_path_buf(),
-            sha256: hex(&Sha256::digest(&bytes)),
+            sha256: hex(&h.finalize()),
         })
     }
 }
@@ -163,12 +167,29 @@ impl Recipe {
     }
 }
 
-/// A fast fingerprint of a model's weights: SHA-256 over each weight file's name,
-/// length and safetensors header (which holds every tensor's name, shape, dtype
-/// and offsets). Hashing gigabytes on every image would cost seconds; two files
-/// with the same headers and lengths but different numbers are not told apart.
+/// The model fingerprint: SHA-256 over every config that shapes a picture
+/// (text encoder, UNet, VAE, the scheduler's raw fields, the UNet folder's
+/// sampling defaults and which UNet folder it is) and over each weight file's
+/// name, length and full contents. Any change to a weight or a config changes
+/// it; moving or copying the model does not. Hashing the contents reads every
+/// weight byte once (about a second per 2 GB), so each file's digest is kept
+/// for the process, keyed by its path, length and modification time.
 pub fn model_hash(model: &SdModel) -> String {
     let mut h = Sha256::new();
+    let schedule = serde_json::to_string(&model.schedule.raw).unwrap_or_default();
+    let parts = [
+        format!("{:?}", model.text_config),
+        format!("{:?}", model.unet_config),
+        format!("{:?}", model.vae_config),
+        schedule,
+        format!("{:?}", model.sampling),
+        model.unet_folder.clone(),
+        model.tokenizer.vocab_size().to_string(),
+    ];
+    for part in &parts {
+        h.update((part.len() as u64).to_le_bytes());
+        h.update(part.as_bytes());
+    }
     let mut files: Vec<&std::sync::Arc<crate::loading::safetensors::SafetensorsFile>> = Vec::new();
     for c in [crate::loading::Component::TextEncoder, crate::loading::Component::Unet, crate::loading::Component::Vae] {
         for (_, t) in model.store(c).iter() {
@@ -179,12 +200,49 @@ pub fn model_hash(model: &SdModel) -> String {
     }
     for f in files {
         let raw = f.raw();
-        let header_len = raw.get(..8).map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])) as usize).unwrap_or(0);
         h.update(f.path().file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default().as_bytes());
         h.update((raw.len() as u64).to_le_bytes());
-        h.update(raw.get(..(8 + header_len).min(raw.len())).unwrap_or(&[]));
+        h.update(content_digest(f.path(), raw));
     }
     hex(&h.finalize())[..10].to_string()
+}
+
+/// SHA-256 of a weight file's bytes, remembered for the process.
+fn content_digest(path: &Path, raw: &[u8]) -> [u8; 32] {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    type Key = (PathBuf, u64, Option<std::time::SystemTime>);
+    static CACHE: Mutex<Option<HashMap<Key, [u8; 32]>>> = Mutex::new(None);
+    let mtime = std::fs::metadata(path).ok().and_then(|m| m.modified().ok());
+    let key = (path.to_path_buf(), raw.len() as u64, mtime);
+    // Only files on disk with a modification time are cached (embedded ones are small).
+    if mtime.is_some() {
+        if let Some(d) = CACHE.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(HashMap::new).get(&key) {
+            return *d;
+        }
+    }
+    // Read through a small buffer, not through the mapping: hashing must not
+    // make the whole model resident in this process (the memory plans count it).
+    let from_file: Option<[u8; 32]> = mtime
+        .and_then(|_| {
+            std::fs::File::open(path)
+                .and_then(|mut f| {
+                    let mut h = Sha256::new();
+                    let n = std::io::copy(&mut f, &mut h)?;
+                    Ok((n, h))
+                })
+                .ok()
+        })
+        .filter(|(n, _)| *n == raw.len() as u64)
+        .map(|(_, h)| h.finalize().into());
+    let digest: [u8; 32] = match from_file {
+        Some(d) => d,
+        None => Sha256::digest(raw).into(),
+    };
+    if mtime.is_some() {
+        CACHE.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(HashMap::new).insert(key, digest);
+    }
+    digest
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -211,29 +269,64 @@ pub fn encode_png(img: &image::RgbImage, recipe: Option<&Recipe>) -> Result<Vec<
     Ok(buf)
 }
 
-/// The text chunks of a PNG, by keyword (tEXt, zTXt and iTXt).
+/// Most bytes of text metadata read from one PNG, raw and inflated together
+/// (brume's own recipe is a few KB; other tools' workflows rarely pass 1 MB).
+/// A small file whose compressed chunk inflates to gigabytes stops here.
+pub const MAX_PNG_TEXT_BYTES: usize = 8 << 20;
+
+/// The text chunks of a PNG, by keyword (tEXt, zTXt and iTXt), within
+/// [`MAX_PNG_TEXT_BYTES`]: raw chunks count against the png decoder's limit
+/// and each compressed one is inflated with a bound, so memory stays near that
+/// figure whatever the file claims.
 pub fn read_png_text(path: &Path) -> Result<Vec<(String, String)>> {
     let file = std::fs::File::open(path).map_err(|e| RunError::Invalid(format!("{}: cannot open: {e}", path.display())))?;
-    let decoder = png::Decoder::new(std::io::BufReader::new(file));
-    let reader = decoder
-        .read_info()
-        .map_err(|e| RunError::Invalid(format!("{}: not a readable PNG: {e}", path.display())))?;
+    read_png_text_from(std::io::BufReader::new(file), &path.display().to_string())
+}
+
+/// [`read_png_text`] over any reader; `name` names the source in errors.
+pub fn read_png_text_from<R: std::io::BufRead + std::io::Seek>(reader: R, name: &str) -> Result<Vec<(String, String)>> {
+    let mut decoder = png::Decoder::new(reader);
+    decoder.set_limits(png::Limits { bytes: MAX_PNG_TEXT_BYTES });
+    let reader = decoder.read_info().map_err(|e| match e {
+        png::DecodingError::LimitsExceeded => RunError::Invalid(format!(
+            "{name}: its metadata is over {} MiB; brume reads at most that much",
+            MAX_PNG_TEXT_BYTES >> 20
+        )),
+        e => RunError::Invalid(format!("{name}: not a readable PNG: {e}")),
+    })?;
     let info = reader.info();
     let mut out = Vec::new();
+    // Inflated text so far counts against the bound, so many chunks cannot add up past it.
+    let budget_left = |out: &Vec<(String, String)>| MAX_PNG_TEXT_BYTES.saturating_sub(out.iter().map(|(_, v)| v.len()).sum());
+    let take = |keyword: &str, text: String, out: &mut Vec<(String, String)>| {
+        out.push((keyword.to_string(), text));
+    };
     for t in &info.uncompressed_latin1_text {
-        out.push((t.keyword.clone(), t.text.clone()));
+        take(&t.keyword, t.text.clone(), &mut out);
     }
     for t in &info.compressed_latin1_text {
+        let mut t = t.clone();
+        t.decompress_text_with_limit(budget_left(&out)).map_err(|e| too_big(name, &t.keyword, e))?;
         if let Ok(text) = t.get_text() {
-            out.push((t.keyword.clone(), text));
+            take(&t.keyword, text, &mut out);
         }
     }
     for t in &info.utf8_text {
+        let mut t = t.clone();
+        t.decompress_text_with_limit(budget_left(&out)).map_err(|e| too_big(name, &t.keyword, e))?;
         if let Ok(text) = t.get_text() {
-            out.push((t.keyword.clone(), text));
+            take(&t.keyword, text, &mut out);
         }
     }
     Ok(out)
+}
+
+fn too_big(name: &str, keyword: &str, e: png::DecodingError) -> RunError {
+    RunError::Invalid(format!(
+        "{name}: text chunk `{}` cannot be inflated within the metadata bound ({e}); brume reads at most {} MiB of metadata",
+        crate::output::escape_control(keyword),
+        MAX_PNG_TEXT_BYTES >> 20
+    ))
 }
 
 /// The brume recipe stored in a PNG, if any.

@@ -86,11 +86,28 @@ impl GenerationRequest {
         if self.batch == 0 || self.batch > 64 {
             return Err(RunError::Invalid(format!("batch must be 1..=64, got {}", self.batch)));
         }
-        if !self.guidance_scale.is_finite() || !self.eta.is_finite() {
-            return Err(RunError::Invalid("guidance scale and eta must be finite numbers".into()));
-        }
+        check_guidance_eta(self.guidance_scale, self.eta)?;
         Ok(())
     }
+}
+
+/// Largest guidance scale accepted: samplers' updates scale with it, and far
+/// past the tens people use the latents overflow into a black picture.
+pub const MAX_GUIDANCE: f64 = 100.0;
+
+/// Guidance in [0, MAX_GUIDANCE] and eta in [0, 1] (DDIM's noise share: above 1
+/// its update takes the square root of a negative number), each error naming
+/// the number and its range. Shared by the CLI, recipes and the service.
+pub fn check_guidance_eta(guidance_scale: f64, eta: f64) -> Result<()> {
+    if !(guidance_scale.is_finite() && (0.0..=MAX_GUIDANCE).contains(&guidance_scale)) {
+        return Err(RunError::Invalid(format!(
+            "guidance scale {guidance_scale} is out of range: it must be 0..={MAX_GUIDANCE} (values <= 1 turn guidance off)"
+        )));
+    }
+    if !(eta.is_finite() && (0.0..=1.0).contains(&eta)) {
+        return Err(RunError::Invalid(format!("eta {eta} is out of range: it must be 0..=1 (0 = deterministic)")));
+    }
+    Ok(())
 }
 
 /// Progress reported while a pipeline runs.

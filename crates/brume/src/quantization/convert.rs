@@ -12,7 +12,8 @@
 //! shapes alone, then tensors are read, encoded and written one at a time, so
 //! memory stays near one tensor (a few hundred MB for a real SD 1.5 UNet)
 //! whatever the model size. Everything is written into a temporary sibling
-//! folder that is renamed into place only when complete.
+//! folder that is renamed into place only when complete (by the output rule
+//! for folders, [`crate::output::OutputDir`]); an error or a cancel removes it.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -81,7 +82,8 @@ fn seed_of(name: &str) -> u64 {
     })
 }
 
-/// Refuses outputs that are, contain or lie inside the input.
+/// Refuses outputs that are, contain or lie inside the input, then applies the
+/// output rule for folders ([`crate::output::OutputDir::check`]).
 fn check_paths(input: Option<&Path>, out: &Path, force: bool) -> Result<()> {
     if let Some(input) = input {
         let canon = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
@@ -110,16 +112,23 @@ fn check_paths(input: Option<&Path>, out: &Path, force: bool) -> Result<()> {
     if out.file_name().is_none() {
         return Err(RunError::Invalid(format!("--out {} must name a new folder", out.display())));
     }
-    if out.exists() && !out.is_dir() {
-        return Err(RunError::Invalid(format!("{} exists and is not a folder; it is left alone", out.display())));
-    }
-    if out.exists() && !force {
-        return Err(RunError::Invalid(format!(
-            "{} already exists; pass --force to replace it",
+    crate::output::OutputDir::new(out, force).check(is_conversion).map_err(|e| match e {
+        crate::output::OutputError::Exists { .. } if force => RunError::Invalid(format!(
+            "{} already exists and is not a model brume converted; --force replaces only a converted model \
+             (one holding {RECORD_FILE}), never another folder",
             out.display()
-        )));
-    }
-    Ok(())
+        )),
+        crate::output::OutputError::Exists { .. } => RunError::Invalid(format!(
+            "{} already exists; pass --force to replace it (only if it is a model brume converted)",
+            out.display()
+        )),
+        e => e.into(),
+    })
+}
+
+/// A folder `convert` wrote (it holds the record), which `--force` may replace.
+fn is_conversion(p: &Path) -> bool {
+    std::fs::symlink_metadata(p.join(RECORD_FILE)).map(|m| m.file_type().is_file()).unwrap_or(false)
 }
 
 /// Converts `model` under `policy` into the new folder `out`. `input` is the
@@ -132,44 +141,44 @@ pub fn convert(
     out: &Path,
     force: bool,
 ) -> Result<ConvertRecord> {
+    convert_with(model, &[], configs, input, policy, out, force, &|| false)
+}
+
+/// [`convert`], also converting `extra_unets` (the same model opened on its
+/// other UNet folders, e.g. the built-in model's `unet_lcm`) so the copy keeps
+/// every UNet of the original, and checking `cancelled` between tensors (a
+/// cancel returns [`RunError::Cancelled`]). The folder is built in a temporary
+/// sibling that any error or cancel removes; with `force`, only a previous
+/// conversion is replaced, and only when the new one rewrites every file it held.
+#[allow(clippy::too_many_arguments)]
+pub fn convert_with(
+    model: &SdModel,
+    extra_unets: &[&SdModel],
+    configs: ConfigSource<'_>,
+    input: Option<&Path>,
+    policy: &Policy,
+    out: &Path,
+    force: bool,
+    cancelled: &dyn Fn() -> bool,
+) -> Result<ConvertRecord> {
     check_paths(input, out, force)?;
-    let parent = out
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let name = out
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "model".into());
-    let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
-    if tmp.exists() {
-        std::fs::remove_dir_all(&tmp).map_err(write_err(&tmp))?;
+    let target = crate::output::OutputDir::new(out, force);
+    let tmp = target.temp()?;
+    let record = write_all(model, extra_unets, configs, policy, tmp.path(), cancelled)?;
+    if cancelled() {
+        return Err(RunError::Cancelled);
     }
-    let result = write_all(model, configs, policy, &tmp);
-    let record = match result {
-        Ok(r) => r,
-        Err(e) => {
-            let _ = std::fs::remove_dir_all(&tmp);
-            return Err(e);
-        }
-    };
-    if out.exists() {
-        let old = parent.join(format!(".{name}.old-{}", std::process::id()));
-        std::fs::rename(out, &old).map_err(write_err(out))?;
-        if let Err(e) = std::fs::rename(&tmp, out) {
-            // Put the previous folder back rather than leave nothing at OUT.
-            let _ = std::fs::rename(&old, out);
-            let _ = std::fs::remove_dir_all(&tmp);
-            return Err(write_err(out)(e));
-        }
-        std::fs::remove_dir_all(&old).map_err(write_err(&old))?;
-    } else {
-        std::fs::rename(&tmp, out).map_err(write_err(out))?;
-    }
+    target.commit(tmp, is_conversion).map_err(|e| match e {
+        crate::output::OutputError::Exists { .. } => RunError::Invalid(format!(
+            "{} appeared while converting and is left alone; nothing was written (run again with another --out)",
+            out.display()
+        )),
+        e => e.into(),
+    })?;
     Ok(record)
 }
 
-fn copy_configs(configs: ConfigSource<'_>, dir: &Path, unet_folder: &str) -> Result<()> {
+fn copy_configs(configs: ConfigSource<'_>, dir: &Path, unet_folders: &[&str]) -> Result<()> {
     let is_weights = |p: &str| {
         p.ends_with(".safetensors")
             || p.contains(".safetensors.index")
@@ -186,9 +195,12 @@ fn copy_configs(configs: ConfigSource<'_>, dir: &Path, unet_folder: &str) -> Res
         }
         ConfigSource::Folder(root) => {
             let mut wanted = vec!["model_index.json".to_string()];
-            let unet_scheduler = crate::pipelines::scheduler_folder_for(unet_folder);
-            let subs = ["text_encoder", "vae", "scheduler", "tokenizer", unet_folder];
-            for sub in subs.iter().copied().chain(unet_scheduler.as_deref()) {
+            let mut subs: Vec<String> = ["text_encoder", "vae", "scheduler", "tokenizer"].iter().map(|s| s.to_string()).collect();
+            for u in unet_folders {
+                subs.push(u.to_string());
+                subs.extend(crate::pipelines::scheduler_folder_for(u));
+            }
+            for sub in &subs {
                 let Ok(rd) = std::fs::read_dir(root.join(sub)) else {
                     continue;
                 };
@@ -233,12 +245,17 @@ struct Planned<'a> {
 
 fn write_all(
     model: &SdModel,
+    extra_unets: &[&SdModel],
     configs: ConfigSource<'_>,
     policy: &Policy,
     dir: &Path,
+    cancelled: &dyn Fn() -> bool,
 ) -> Result<ConvertRecord> {
     std::fs::create_dir_all(dir).map_err(write_err(dir))?;
-    copy_configs(configs, dir, &model.unet_folder)?;
+    let unet_folders: Vec<&str> = std::iter::once(model.unet_folder.as_str())
+        .chain(extra_unets.iter().map(|m| m.unet_folder.as_str()))
+        .collect();
+    copy_configs(configs, dir, &unet_folders)?;
     let source_hash = crate::pipelines::recipe::model_hash(model);
     let policy_text = policy.to_text();
     let mut record = ConvertRecord {
@@ -256,6 +273,16 @@ fn write_all(
         for (name, t) in model.store(c).iter() {
             let (file, seg) = destination(c, name, &model.unet_folder);
             files.entry(file).or_insert((seg, c, Vec::new())).2.push((name.clone(), t));
+        }
+    }
+    // The other UNet folders: their own file each, counted apart from the
+    // segments (which describe the model as it runs, with one UNet).
+    let mut extra_files = std::collections::BTreeSet::new();
+    for m in extra_unets.iter().filter(|m| m.unet_folder != model.unet_folder) {
+        for (name, t) in m.store(Component::Unet).iter() {
+            let (file, seg) = destination(Component::Unet, name, &m.unet_folder);
+            extra_files.insert(file.clone());
+            files.entry(file).or_insert((seg, Component::Unet, Vec::new())).2.push((name.clone(), t));
         }
     }
     let mut vae_map = serde_json::Map::new();
@@ -276,11 +303,13 @@ fn write_all(
                 }
             })
             .collect();
-        let bytes = write_file(&dir.join(rel), &mut planned, &source_hash, &policy_text)?;
-        *record
-            .segment_bytes
-            .entry(segment.name().to_string())
-            .or_default() += bytes;
+        let bytes = write_file(&dir.join(rel), &mut planned, &source_hash, &policy_text, cancelled)?;
+        if !extra_files.contains(rel) {
+            *record
+                .segment_bytes
+                .entry(segment.name().to_string())
+                .or_default() += bytes;
+        }
         for p in &planned {
             *record.schemes.entry(p.scheme.to_string()).or_default() += 1;
             if component == "vae" {
@@ -319,6 +348,7 @@ fn write_file(
     planned: &mut [Planned],
     source_hash: &str,
     policy_text: &str,
+    cancelled: &dyn Fn() -> bool,
 ) -> Result<u64> {
     let mut table = PrecisionTable::new();
     let mut header = serde_json::Map::new();
@@ -374,6 +404,9 @@ fn write_file(
     f.write_all(&header_bytes).map_err(write_err(path))?;
     f.set_len(data_start + offset).map_err(write_err(path))?;
     for p in planned.iter() {
+        if cancelled() {
+            return Err(RunError::Cancelled);
+        }
         let values = crate::loading::store::materialize(
             p.stored,
             &p.shape,

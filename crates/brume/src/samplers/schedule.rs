@@ -9,6 +9,9 @@ use super::sigmas::round_half_even;
 use crate::error::LoadError;
 use crate::models::config::ConfigReader;
 
+/// Largest `num_train_timesteps` accepted (trained models use 1000).
+pub const MAX_TRAIN_TIMESTEPS: usize = 100_000;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BetaSchedule {
     Linear,
@@ -118,10 +121,15 @@ impl ScheduleConfig {
             Some(o) => return Err(c.error("timestep_spacing", format!("`{o}` is not supported"))),
         };
         let num_train_timesteps = c.usize("num_train_timesteps", Some(1000))?;
-        if num_train_timesteps == 0 {
-            return Err(c.error("num_train_timesteps", "must be positive"));
+        // Every schedule array is sized by it: a huge value must be an error,
+        // not an allocation abort. Trained models use 1000 (a few use 2000).
+        if num_train_timesteps == 0 || num_train_timesteps > MAX_TRAIN_TIMESTEPS {
+            return Err(c.error(
+                "num_train_timesteps",
+                format!("must be 1..={MAX_TRAIN_TIMESTEPS}, found {num_train_timesteps}"),
+            ));
         }
-        Ok(Self {
+        let cfg = Self {
             class_name,
             path: c.path().to_path_buf(),
             raw: c.raw().clone(),
@@ -135,7 +143,42 @@ impl ScheduleConfig {
             set_alpha_to_one: c.bool("set_alpha_to_one", true)?,
             clip_sample: c.bool("clip_sample", true)?,
             clip_sample_range: c.f64("clip_sample_range", 1.0)?,
-        })
+        };
+        cfg.validate(c)?;
+        Ok(cfg)
+    }
+
+    /// The numbers must describe a noise schedule: betas in (0, 1) rising, so
+    /// every cumulative alpha is in (0, 1). Out of range, samplers divide by
+    /// zero or take square roots of negatives and the picture comes out black
+    /// with no error.
+    fn validate(&self, c: &ConfigReader) -> Result<(), LoadError> {
+        let (b0, b1) = (self.beta_start, self.beta_end);
+        if self.beta_schedule != BetaSchedule::SquaredCosCapV2 {
+            if !(b0.is_finite() && b0 > 0.0 && b0 < 1.0) {
+                return Err(c.error("beta_start", format!("must be in (0, 1), found {b0}")));
+            }
+            if !(b1.is_finite() && b1 >= b0 && b1 < 1.0) {
+                return Err(c.error("beta_end", format!("must be in [beta_start, 1) = [{b0}, 1), found {b1}")));
+            }
+        }
+        if self.steps_offset >= self.num_train_timesteps {
+            return Err(c.error(
+                "steps_offset",
+                format!("must be below num_train_timesteps ({}), found {}", self.num_train_timesteps, self.steps_offset),
+            ));
+        }
+        if !(self.clip_sample_range.is_finite() && self.clip_sample_range > 0.0) {
+            return Err(c.error("clip_sample_range", format!("must be a positive number, found {}", self.clip_sample_range)));
+        }
+        let ac = self.alphas_cumprod();
+        if let Some((i, a)) = ac.iter().enumerate().find(|(_, a)| !(a.is_finite() && **a > 0.0 && **a <= 1.0)) {
+            return Err(c.error(
+                "beta_end",
+                format!("the schedule's cumulative alpha at timestep {i} is {a}; it must stay in (0, 1] (betas too large)"),
+            ));
+        }
+        Ok(())
     }
 
     /// A reader over the raw fields, for sampler-specific options.
