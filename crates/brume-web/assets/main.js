@@ -163,6 +163,7 @@ const scheduler = new Scheduler({
         galleryId: String(image.gallery_id ?? ''),
       });
       lastResult = { url: image.url, galleryId: image.gallery_id ?? null, kind: job.kind, version: job.version };
+      localStorage.setItem('brume.result', JSON.stringify({ url: image.url, galleryId: lastResult.galleryId }));
       const t = result.timings || {};
       const after = Math.round(performance.now() - job.inputAt);
       const what = { live: 'Live result', settle: 'Settled', full: 'Result' }[job.kind];
@@ -213,6 +214,7 @@ function setTool(tool) {
 for (const b of toolButtons) b.addEventListener('click', () => setTool(b.dataset.tool));
 setTool('brush');
 
+$('layer').addEventListener('change', (e) => { painter.active = Number(e.target.value); });
 $('colour').addEventListener('input', (e) => { painter.colour = e.target.value; });
 $('size').addEventListener('input', (e) => { painter.size = Number(e.target.value); });
 $('opacity').addEventListener('input', (e) => { painter.opacity = Number(e.target.value); });
@@ -394,6 +396,28 @@ async function restoreDocument() {
   return true;
 }
 
+/** Shows the last result again after a reload (if the gallery still has it). */
+async function restoreResult() {
+  let saved = null;
+  try { saved = JSON.parse(localStorage.getItem('brume.result') || 'null'); } catch { saved = null; }
+  if (!saved || !saved.url || lastResult) return;
+  try {
+    const url = await imageUrl(saved.url);
+    const probe = new Image();
+    probe.src = url;
+    await probe.decode();
+    if (lastResult) return;
+    resultImg.src = url;
+    overlay.src = url;
+    resultImg.dataset.kind = 'restored';
+    lastResult = { url: saved.url, galleryId: saved.galleryId ?? null, kind: 'restored', version: -1 };
+    $('result-caption').textContent = 'Last result (before the reload)';
+    $('apply').disabled = false;
+  } catch {
+    localStorage.removeItem('brume.result'); // deleted from the gallery meanwhile
+  }
+}
+
 async function connect() {
   for (;;) {
     try {
@@ -418,6 +442,7 @@ async function start() {
   }
   $('size-select').value = String(painter.width);
   painter.fit();
+  restoreResult();
   history.reset(restored ? 'Restored canvas' : 'New canvas');
   updateButtons();
   document.body.dataset.ready = 'true';
