@@ -242,7 +242,7 @@ fn cases() -> anyhow::Result<Vec<Case>> {
 pub(super) fn write_f32(path: &Path, t: &Tensor) -> anyhow::Result<()> {
     let data = t.flatten_all()?.to_vec1::<f32>()?;
     let bytes: Vec<u8> = data.iter().flat_map(|x| x.to_le_bytes()).collect();
-    std::fs::write(path, bytes).with_context(|| format!("writing {}", path.display()))
+    brume::output::Output::new(path, true).write_bytes(&bytes).map(|_| ()).with_context(|| format!("writing {}", path.display()))
 }
 
 pub(super) fn read_f32(path: &Path, like: &Tensor) -> anyhow::Result<Tensor> {
@@ -291,7 +291,7 @@ impl Torch {
                 }
             }
         }
-        std::fs::write(folder.join("cases.json"), serde_json::to_string(&spec)?)?;
+        brume::output::Output::new(folder.join("cases.json"), true).write_bytes(serde_json::to_string(&spec)?.as_bytes())?;
         let mut child = Command::new(python)
             .arg(script)
             .arg(folder)
@@ -378,7 +378,9 @@ pub fn run(a: KernelArgs) -> anyhow::Result<()> {
     let mut torch = None;
     let mut torch_note = String::from("PyTorch column left out (--python none)");
     if a.python != "none" {
-        std::fs::create_dir_all(&folder)?;
+        // A fresh folder of our own: create_dir fails on anything already there
+        // (a folder or a link someone planted at this predictable name), never reusing it.
+        std::fs::create_dir(&folder).with_context(|| format!("creating {}", folder.display()))?;
         let script = a.torch_script.clone().unwrap_or_else(|| tool_script("tools/bench/kernels.py"));
         match Torch::start(&a.python, &script, &folder, &cases) {
             Ok(t) => torch = Some(t),
@@ -472,7 +474,8 @@ pub fn run(a: KernelArgs) -> anyhow::Result<()> {
         println!("{:<36} {}", "", ratios.join(", "));
     }
     drop(torch);
-    if folder.exists() {
+    // Only the folder this run created is removed (never one that was there).
+    if a.python != "none" {
         std::fs::remove_dir_all(&folder).ok();
     }
     println!("GFLOP/s: attention 4*h*n_q*n_k*d; group norm nominal 7 per element (+4 for SiLU); conv 2*o*c*k*k*h*w; linear 2*m*k*n. err: max|out - ref| / max|ref|.");

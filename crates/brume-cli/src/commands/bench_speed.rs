@@ -227,7 +227,8 @@ impl ImageRun {
 /// `ids` as the u32 file the peers read, listed in `inputs`.
 fn ids_input(work: &Path, file: String, ids: &[u32], inputs: &mut Vec<Value>) -> anyhow::Result<()> {
     let bytes: Vec<u8> = ids.iter().flat_map(|x| x.to_le_bytes()).collect();
-    std::fs::write(work.join(&file), bytes).with_context(|| format!("writing {}", work.join(&file).display()))?;
+    // The work folder is the user's: replace only a regular file (ours from an earlier run), never follow a link.
+    brume::output::Output::new(work.join(&file), true).write_bytes(&bytes)?;
     inputs.push(json!([file, [1, ids.len()], "u32"]));
     Ok(())
 }

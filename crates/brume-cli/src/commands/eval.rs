@@ -2,12 +2,12 @@
 //! held-out prompts, with a contact sheet a person can look at.
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::{bail, Context};
-use brume::pipelines::image_io::{save_png, to_rgb8};
+use anyhow::bail;
+use brume::output::Output;
+use brume::pipelines::image_io::{save_png_to, to_rgb8};
 use brume::pipelines::{txt2img, Flow, GenerationRequest};
 use brume::samplers::{noise_source, RngKind, SamplerKind};
 
@@ -46,6 +46,9 @@ pub struct ShowcaseArgs {
     seed: u64,
     #[arg(long, default_value = "showcase.png")]
     out: PathBuf,
+    /// Replace the sheet and its legend if they exist (regular files only).
+    #[arg(long)]
+    force: bool,
 }
 
 /// What the held-out evals share: the model, which prompts, and how they are sampled.
@@ -113,6 +116,9 @@ pub struct AdherenceArgs {
     /// Images per contact-sheet row.
     #[arg(long, default_value_t = 16)]
     columns: u32,
+    /// Replace the sheet and its legend if they exist (regular files only).
+    #[arg(long)]
+    force: bool,
 }
 
 pub fn run(e: Eval) -> anyhow::Result<()> {
@@ -151,22 +157,43 @@ pub(super) fn sheet(rows: &[Vec<image::RgbImage>], tile: u32) -> image::RgbImage
     out
 }
 
-/// Where a sheet's legend goes: a `.txt` beside it. Checked before any image is
-/// generated, since a sheet named `.txt` would be overwritten by its own legend.
-pub(super) fn listing_path(sheet: &std::path::Path) -> anyhow::Result<PathBuf> {
+/// A contact sheet and its legend (a `.txt` beside it), both written by the
+/// output rule ([`brume::output`]): checked before any image is generated
+/// (a sheet named `.txt` would be overwritten by its own legend; an existing
+/// file needs --force, and never a symlink or anything not a regular file).
+pub(super) struct SheetOutputs {
+    sheet: Output,
+    listing: Output,
+}
+
+pub(super) fn sheet_outputs(sheet: &std::path::Path, force: bool) -> anyhow::Result<SheetOutputs> {
     let txt = sheet.with_extension("txt");
     if txt == sheet {
         bail!("{}: the contact sheet is a PNG and its legend goes to a .txt beside it; give the sheet a .png name", sheet.display());
     }
-    Ok(txt)
+    let outs = SheetOutputs { sheet: Output::new(sheet, force), listing: Output::new(txt, force) };
+    outs.sheet.check()?;
+    outs.listing.check()?;
+    Ok(outs)
 }
 
-pub(super) fn write_listing(txt: &std::path::Path, text: &str) -> anyhow::Result<()> {
-    brume::util::atomic_write(txt, |w| w.write_all(text.as_bytes())).with_context(|| format!("writing {}", txt.display()))
+impl SheetOutputs {
+    /// Writes both; returns where they went (a name taken during the run is
+    /// kept and the file goes next to it, with a warning).
+    pub(super) fn write(&self, img: &image::RgbImage, listing: &str) -> anyhow::Result<(PathBuf, PathBuf)> {
+        let s = save_png_to(img, &self.sheet, None)?;
+        let l = self.listing.write_bytes(listing.as_bytes())?;
+        for w in [&s, &l] {
+            if let Some(note) = w.notice() {
+                eprintln!("warning: {note}");
+            }
+        }
+        Ok((s.path, l.path))
+    }
 }
 
 fn showcase(a: ShowcaseArgs) -> anyhow::Result<()> {
-    let txt = listing_path(&a.out)?;
+    let outs = sheet_outputs(&a.out, a.force)?;
     let model = a.model.open()?;
     let size = model.default_size();
     let own = model.sampler_kind(None)?;
@@ -252,9 +279,8 @@ fn showcase(a: ShowcaseArgs) -> anyhow::Result<()> {
     edits.push(to_rgb8(&out.image)?);
     listing.push_str(&format!("row 1: source (ddim) | img2img {strength} (edit prompt) | inpaint mask | inpainted left half (edit prompt) | outpainted by half a tile to the right (prompt), at its full width\n"));
     let img = sheet(&[samplers_row, edits], size as u32);
-    save_png(&img, &a.out, None).with_context(|| format!("writing {}", a.out.display()))?;
-    write_listing(&txt, &format!("prompt: {}\nedit prompt: {}\n{listing}", a.prompt, a.edit_prompt))?;
-    println!("wrote {} (legend: {})", a.out.display(), txt.display());
+    let (png, txt) = outs.write(&img, &format!("prompt: {}\nedit prompt: {}\n{listing}", a.prompt, a.edit_prompt))?;
+    println!("wrote {} (legend: {})", png.display(), txt.display());
     Ok(())
 }
 
@@ -445,7 +471,7 @@ fn adherence(a: AdherenceArgs) -> anyhow::Result<()> {
     if a.columns == 0 {
         bail!("--columns must be positive");
     }
-    let txt = listing_path(&a.sheet)?;
+    let outs = sheet_outputs(&a.sheet, a.force)?;
     let (model, run) = a.held.open(a.eta)?;
     let size = model.default_size();
     let start = Instant::now();
@@ -469,14 +495,14 @@ fn adherence(a: AdherenceArgs) -> anyhow::Result<()> {
     // Contact sheet: tiles in prompt order, prompts in a text file beside it.
     let cols = (a.columns as usize).min(tiles.len());
     let rows: Vec<Vec<image::RgbImage>> = tiles.chunks(cols).map(<[_]>::to_vec).collect();
-    save_png(&sheet(&rows, size as u32), &a.sheet, None).with_context(|| format!("writing {}", a.sheet.display()))?;
+    let sheet_img = sheet(&rows, size as u32);
     let listing: String = prompts
         .iter()
         .enumerate()
         .map(|(i, (c, s))| format!("{:>4} row {} col {}  seed {s}  {c}\n", run.from + i, i / cols, i % cols))
         .collect();
-    write_listing(&txt, &listing)?;
-    println!("contact sheet {} (prompts: {})", a.sheet.display(), txt.display());
+    let (png, txt) = outs.write(&sheet_img, &listing)?;
+    println!("contact sheet {} (prompts: {})", png.display(), txt.display());
     Ok(())
 }
 

@@ -12,12 +12,12 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
-use brume::pipelines::image_io::{gray_to_mask, rgb_to_tensor, save_png, to_rgb8};
+use brume::pipelines::image_io::{gray_to_mask, rgb_to_tensor, to_rgb8};
 use brume::pipelines::{img2img, inpaint, ConditioningCache, Flow, PasteBack};
 use brume::samplers::noise_source;
 use brume_world::{edit_cases, object_mask, render};
 
-use super::eval::{listing_path, sheet, write_listing, HeldOutArgs, Tally};
+use super::eval::{sheet, sheet_outputs, HeldOutArgs, Tally};
 use super::memory::Job;
 
 #[derive(clap::Args, Debug)]
@@ -42,6 +42,9 @@ pub struct EditsArgs {
     /// Cases per contact-sheet row (four pictures each).
     #[arg(long, default_value_t = 4)]
     columns: u32,
+    /// Replace the sheet and its legend if they exist (regular files only).
+    #[arg(long)]
+    force: bool,
 }
 
 /// The edits' own rows: whether the first object became what the prompt asks for. The other
@@ -62,7 +65,7 @@ pub fn edits(a: EditsArgs) -> anyhow::Result<()> {
     if !(0.0..=0.5).contains(&a.mask_margin) {
         bail!("--mask-margin is a fraction of the picture's side in [0, 0.5], got {}", a.mask_margin);
     }
-    let txt = listing_path(&a.sheet)?;
+    let outs = sheet_outputs(&a.sheet, a.force)?;
     let (model, run) = a.held.open(0.0)?;
     let size = model.default_size();
     let cell = model.vae_config.scale_factor() as u32;
@@ -150,7 +153,7 @@ pub fn edits(a: EditsArgs) -> anyhow::Result<()> {
 
     let cols = 4 * (a.columns as usize).min(cases.len());
     let rows: Vec<Vec<image::RgbImage>> = tiles.chunks(cols).map(<[_]>::to_vec).collect();
-    save_png(&sheet(&rows, size as u32), &a.sheet, None).with_context(|| format!("writing {}", a.sheet.display()))?;
+    let sheet_img = sheet(&rows, size as u32);
     let per_row = cols / 4;
     let listing: String = std::iter::once(
         "each case: recoloured source | img2img edit | replaced source | inpainted edit (mask: the first object's box)\n".to_string(),
@@ -159,7 +162,7 @@ pub fn edits(a: EditsArgs) -> anyhow::Result<()> {
         format!("{:>4} row {} cols {}-{}  seed {}  {}\n", run.from + i, i / per_row, 4 * (i % per_row), 4 * (i % per_row) + 3, c.seed, c.caption)
     }))
     .collect();
-    write_listing(&txt, &listing)?;
-    println!("contact sheet {} (prompts: {})", a.sheet.display(), txt.display());
+    let (png, txt) = outs.write(&sheet_img, &listing)?;
+    println!("contact sheet {} (prompts: {})", png.display(), txt.display());
     Ok(())
 }
