@@ -64,7 +64,10 @@ export class History {
       return li;
     });
     this.list.replaceChildren(...items);
+    // Keep the current entry in view inside the list (never scroll the page itself).
     const current = this.list.children[this.index];
-    if (current) current.scrollIntoView({ block: 'nearest' });
+    if (current && this.list.scrollHeight > this.list.clientHeight) {
+      this.list.scrollTop = current.offsetTop - this.list.offsetTop - this.list.clientHeight / 2;
+    }
   }
 }
