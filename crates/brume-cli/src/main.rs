@@ -80,7 +80,25 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
-    let run = move || match cli.command {
+    let result = match cli.command {
+        // These run their job through the runtime, which puts it on the compute
+        // pool itself (and waits for it off the pool).
+        Command::Generate(a) => commands::generate::run(a),
+        Command::Edit(a) => commands::edit::run(a),
+        command => brume::runtime::on_compute_thread(move || run_on_pool(command)),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs a command on a compute-pool thread (see `brume::runtime::on_compute_thread`).
+fn run_on_pool(command: Command) -> anyhow::Result<()> {
+    match command {
         Command::Generate(a) => commands::generate::run(a),
         Command::Edit(a) => commands::edit::run(a),
         Command::Info(a) => commands::info::run(a),
@@ -90,13 +108,5 @@ fn main() -> ExitCode {
         Command::Eval(e) => commands::eval::run(e),
         Command::Inspect(a) => commands::inspect::run(a),
         Command::RandomModel(a) => commands::random_model::run(a),
-    };
-    let result = brume::runtime::on_compute_thread(run);
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::FAILURE
-        }
     }
 }

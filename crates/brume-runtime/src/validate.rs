@@ -67,7 +67,7 @@ pub fn check(spec: &JobSpec, model: &ModelInfo, limits: &Limits) -> Result<(), S
     let side = |field: &'static str, v: usize| -> Result<(), SubmitError> {
         let m = model.size_multiple;
         if v < limits.min_side || v > limits.max_side || v % m != 0 {
-            return Err(invalid(field, format!("must be a multiple of {m} in {}..={}, got {v}", limits.min_side, limits.max_side)));
+            return Err(invalid(field, format!("sides must be multiples of {m} in {}..={}, got {v}", limits.min_side, limits.max_side)));
         }
         Ok(())
     };

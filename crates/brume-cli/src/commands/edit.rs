@@ -1,14 +1,14 @@
+//! `brume edit`: img2img, inpainting and outpainting of a picture, one job
+//! through the runtime.
+
 use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::{bail, Context};
-use brume::pipelines::image_io::{load_image, load_mask};
-use brume::pipelines::recipe::{InputFile, Mode, Recipe};
-use brume::pipelines::{img2img, inpaint, outpaint_canvas, PasteBack};
-use brume::samplers::noise_source;
+use anyhow::bail;
+use brume::pipelines::recipe::{InputFile, Mode};
+use brume_runtime::{Edit, InputImage, JobSpec};
 
-use super::memory::Job;
-use super::run::{cancel_flag, finish, progress_reporter, save_batch, GenArgs};
+use super::run::{run_job, size_of, spec_from_recipe, write_outputs, GenArgs};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -53,97 +53,57 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         }
         None => (a.image.clone(), a.mask.clone(), a.extend.clone(), a.strength, a.feather),
     };
-    if let Some(e) = &extend {
-        if e.len() != 4 {
-            bail!("--extend takes four numbers LEFT,TOP,RIGHT,BOTTOM, got {}", e.len());
-        }
-    }
+    let extend = match extend.as_deref() {
+        None => None,
+        Some([l, t, r, b]) => Some([*l, *t, *r, *b]),
+        Some(e) => bail!("--extend takes four numbers LEFT,TOP,RIGHT,BOTTOM, got {}", e.len()),
+    };
     let Some(image_path) = image_path else {
         bail!("--image is required");
     };
     if mask_path.is_some() && extend.is_some() {
         bail!("give either --mask (inpaint) or --extend (outpaint), not both");
     }
-    let report = super::memory::Report::start(g.memory.memory_report);
-    let model = g.model.open()?;
-    let factor = model.vae_config.scale_factor() as u32;
-    let image = load_image(&image_path, factor)?;
-    if image.size != image.original {
-        eprintln!(
-            "note: {}x{} is not a multiple of {factor}; working at {}x{}",
-            image.original.0, image.original.1, image.size.0, image.size.1
-        );
+    let image = InputImage::from_path(&image_path)?;
+    let (w, h) = image.size();
+    if w % 8 != 0 || h % 8 != 0 {
+        eprintln!("note: {w}x{h} is not a multiple of 8; working at {}x{}", w - w % 8, h - h % 8);
     }
-    let mode = match (&mask_path, &extend) {
-        (Some(_), _) => Mode::Inpaint,
-        (None, Some(_)) => Mode::Outpaint,
-        _ => Mode::Img2img,
+    let edit = match (&mask_path, extend) {
+        (Some(m), _) => Edit::Inpaint { image, mask: InputImage::from_path(m)?, strength, feather },
+        (None, Some(extend)) => Edit::Outpaint { image, extend, feather },
+        (None, None) => Edit::Img2img { image, strength },
     };
-    let (work_image, mask) = match (mode, &mask_path, &extend) {
-        (Mode::Inpaint, Some(m), _) => (image.tensor.clone(), Some(load_mask(m, &image)?)),
-        (Mode::Outpaint, _, Some(e)) => {
-            let e = [e[0], e[1], e[2], e[3]];
-            let (canvas, m) = outpaint_canvas(&image.tensor, e, 8, factor as usize)?;
-            (canvas, Some(m))
+    let mode = edit.mode();
+    let spec = match &from {
+        Some(r) => spec_from_recipe(r, edit)?,
+        None => g.spec(edit)?,
+    };
+    let spec = JobSpec { previews: g.previews(), unet: g.model.unet.clone(), ..spec };
+    // Arguments and outputs are checked before the model opens or memory is planned.
+    let outputs = g.outputs(spec.batch)?;
+    for o in &outputs {
+        for input in [Some(&image_path), mask_path.as_ref()].into_iter().flatten() {
+            if brume::output::same_file(&o.path, input) {
+                bail!("{} is an input of this edit; write the result to another file", o.path.display());
+            }
         }
-        _ => (image.tensor.clone(), None),
-    };
-    let (_, _, h, w) = work_image.dims4()?;
-    let req = match &from {
-        Some(r) => r.request()?,
-        None => g.request(&model, Some(w), Some(h))?,
-    };
-    let kind = req.sampler_kind(&model)?;
-    let req = brume::pipelines::GenerationRequest {
-        sampler: Some(kind),
-        width: w,
-        height: h,
-        ..req
-    };
-    let strength = match mode {
-        Mode::Img2img => model.sampling.img2img_strength(strength),
-        _ => strength.unwrap_or(1.0),
-    };
-    let paths = g.outputs(req.batch)?;
-    let mut recipe = Recipe::new(mode, &req, kind, &model);
-    recipe.strength = Some(strength);
-    recipe.image = Some(InputFile::of(&image_path)?);
-    recipe.mask = mask_path.as_deref().map(InputFile::of).transpose()?;
-    recipe.extend = extend.as_ref().map(|e| [e[0], e[1], e[2], e[3]]);
-    recipe.feather = (mode != Mode::Img2img).then_some(feather);
-
-    let planned = g.memory.plan(&model, &req, Job::Edit)?;
-    let opts = planned.opts.clone();
-    let model = planned.variant.as_ref().unwrap_or(&model);
-    let mut noise = noise_source(req.rng, req.seed);
-    let mut progress = progress_reporter(g.preview.clone(), g.preview_every, cancel_flag());
+    }
+    let report = super::memory::Report::start(g.memory.memory_report);
+    let rt = g.runtime()?;
     let start = Instant::now();
-    let out = match &mask {
-        None => finish(img2img(model, &req, &work_image, strength, &opts, noise.as_mut(), None, &mut progress))?,
-        Some(m) => finish(inpaint(
-            model,
-            &req,
-            &work_image,
-            m,
-            strength,
-            Some(PasteBack { feather }),
-            &opts,
-            noise.as_mut(),
-            None,
-            &mut progress,
-        ))?,
-    };
-    recipe.memory_plan = Some(planned.recipe_line());
-    save_batch(&out.image, &paths, &recipe).context("saving")?;
+    let out = run_job(&rt, spec, g.preview_output())?;
+    let paths = write_outputs(&out, &outputs)?;
     report.finish();
+    let (w, h) = size_of(&out);
+    let first = &out.images[0].recipe;
     println!(
-        "wrote {} ({mode:?}, {}x{}, strength {strength}, {} steps, {}, seed {}) in {:.2} s",
+        "wrote {} ({mode:?}, {w}x{h}, strength {}, {} steps, {}, seed {}) in {:.2} s",
         paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "),
-        w,
-        h,
-        req.steps,
-        kind.cli_name(),
-        req.seed,
+        first.strength.unwrap_or(1.0),
+        first.steps,
+        first.sampler,
+        out.seed,
         start.elapsed().as_secs_f64()
     );
     Ok(())

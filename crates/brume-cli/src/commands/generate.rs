@@ -1,13 +1,12 @@
+//! `brume generate`: text to image, one job through the runtime.
+
 use std::time::Instant;
 
 use anyhow::bail;
-use brume::pipelines::recipe::{Mode, Recipe};
-use brume::memory::{ReducedOutput, RunSize};
-use brume::pipelines::txt2img;
-use brume::samplers::noise_source;
+use brume::pipelines::recipe::Mode;
+use brume_runtime::Edit;
 
-use super::memory::Job;
-use super::run::{cancel_flag, finish, progress_reporter, save_batch, GenArgs};
+use super::run::{run_job, size_of, spec_from_recipe, write_outputs, GenArgs};
 
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -30,62 +29,38 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         }
         g.model.follow(r);
     }
+    let spec = match &from {
+        Some(r) => spec_from_recipe(r, Edit::None)?,
+        None => brume_runtime::JobSpec { width: a.width, height: a.height, ..g.spec(Edit::None)? },
+    };
+    let spec = brume_runtime::JobSpec { previews: g.previews(), unet: g.model.unet.clone(), ..spec };
+    // Arguments and outputs are checked before the model opens or memory is planned.
+    let outputs = g.outputs(spec.batch)?;
     let report = super::memory::Report::start(g.memory.memory_report);
-    let model = g.model.open()?;
-    let req = match &from {
-        Some(r) => {
-            let hash = brume::pipelines::recipe::model_hash(&model);
-            if hash != r.model_hash {
-                tracing::warn!("model fingerprint {hash} differs from the recipe's {}", r.model_hash);
-            }
-            r.request()?
+    let rt = g.runtime()?;
+    if let Some(r) = &from {
+        let hash = &rt.models()[0].hash;
+        if *hash != r.model_hash {
+            tracing::warn!("model fingerprint {hash} differs from the recipe's {}", r.model_hash);
         }
-        None => g.request(&model, a.width, a.height)?,
-    };
-    let paths = g.outputs(req.batch)?;
-    let kind = req.sampler_kind(&model)?;
-    let mut recipe = Recipe::new(Mode::Txt2img, &req, kind, &model);
-    let planned = g.memory.plan(&model, &req, Job::Generate)?;
-    let run_model = planned.variant.as_ref().unwrap_or(&model);
-    let (run_w, run_h) = planned.run_size(&req);
-    let mut noise = noise_source(req.rng, req.seed);
-    let mut progress = progress_reporter(g.preview.clone(), g.preview_every, cancel_flag());
+    }
     let start = Instant::now();
-    let requested = (req.width, req.height);
-    let req = brume::pipelines::GenerationRequest { sampler: Some(kind), width: run_w, height: run_h, ..req };
-    let out = finish(txt2img(run_model, &req, &planned.opts, noise.as_mut(), None, &mut progress))?;
-    let image = match planned.plan.size {
-        RunSize::Reduced { output: ReducedOutput::Upscaled, .. } => resize(&out.image, requested)?,
-        _ => out.image,
-    };
-    recipe.memory_plan = Some(planned.recipe_line());
-    save_batch(&image, &paths, &recipe)?;
+    let out = run_job(&rt, spec, g.preview_output())?;
+    let paths = write_outputs(&out, &outputs)?;
     report.finish();
     let mem = brume::runtime::memory::read();
+    let (w, h) = size_of(&out);
+    let first = &out.images[0].recipe;
     println!(
-        "wrote {} ({}x{}, {} steps, {}, seed {}) in {:.2} s{}",
+        "wrote {} ({w}x{h}, {} steps, {}, seed {}) in {:.2} s{}",
         paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", "),
-        image.dim(3)?,
-        image.dim(2)?,
-        req.steps,
-        kind.cli_name(),
-        req.seed,
+        first.steps,
+        first.sampler,
+        out.seed,
         start.elapsed().as_secs_f64(),
         mem.peak_rss
             .map(|b| format!(", peak RSS {}", brume::runtime::memory::mib(b)))
             .unwrap_or_default()
     );
     Ok(())
-}
-
-/// Resizes images [B, 3, h, w] in [0, 1] to `(width, height)` (Lanczos), for a
-/// run the memory plan made smaller than asked.
-fn resize(images: &candle_core::Tensor, (width, height): (usize, usize)) -> anyhow::Result<candle_core::Tensor> {
-    let mut out = Vec::new();
-    for i in 0..images.dim(0)? {
-        let rgb = brume::pipelines::image_io::to_rgb8(&images.get(i)?.unsqueeze(0)?)?;
-        let big = image::imageops::resize(&rgb, width as u32, height as u32, image::imageops::FilterType::Lanczos3);
-        out.push(((brume::pipelines::image_io::rgb_to_tensor(&big)? + 1.0)? / 2.0)?);
-    }
-    Ok(candle_core::Tensor::cat(&out, 0)?)
 }

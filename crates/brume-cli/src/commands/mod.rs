@@ -61,6 +61,17 @@ impl ModelArgs {
         }
     }
 
+    /// The chosen model as the runtime serves it.
+    pub fn entry(&self) -> brume_runtime::ModelEntry {
+        match self.path() {
+            Some(path) => brume_runtime::ModelEntry {
+                name: path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| path.display().to_string()),
+                source: brume_runtime::ModelSource::Path { path, config_dir: self.config.clone(), variant: self.variant.clone() },
+            },
+            None => brume_runtime::ModelEntry { name: "builtin".into(), source: brume_runtime::ModelSource::Embedded { files: crate::builtin::FILES } },
+        }
+    }
+
     /// The chosen model: `--model`, else `$BRUME_BUILTIN_MODEL` (a folder), else
     /// the model compiled into this executable.
     pub fn open(&self) -> anyhow::Result<SdModel> {

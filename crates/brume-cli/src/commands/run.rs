@@ -1,5 +1,6 @@
-//! What `generate` and `edit` share: the request options, the progress line,
-//! Ctrl-C, previews, and writing images that carry their recipe.
+//! What `generate` and `edit` share: the request options, running the job
+//! through the runtime (the one `brume serve` runs) with its progress line,
+//! Ctrl-C and previews, and writing images that carry their recipe.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -8,11 +9,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
-use brume::pipelines::image_io::{save_png, to_rgb8};
-use brume::pipelines::preview::latent_preview;
+use brume::output::{Claimed, Output};
 use brume::pipelines::recipe::Recipe;
-use brume::pipelines::{Flow, GenerationRequest, Progress, SdModel};
 use brume::samplers::{RngKind, SamplerKind};
+use brume_runtime::{Edit, EventKind, JobId, JobOutput, JobSpec, JobState, Limits, PreviewPolicy, Runtime, RuntimeConfig, SubmitError};
 
 use super::{MemoryArgs, ModelArgs};
 
@@ -77,40 +77,61 @@ pub struct GenArgs {
 }
 
 impl GenArgs {
-    /// The request from the options (sizes default to the model's native size).
-    pub fn request(&self, model: &SdModel, width: Option<usize>, height: Option<usize>) -> anyhow::Result<GenerationRequest> {
-        let Some(prompt) = self.prompt_pos.clone().or(self.prompt.clone()) else {
-            bail!("no prompt: give one as an argument or with --prompt");
-        };
-        let size = model.default_size();
-        let sampler = self.sampler.as_deref().map(SamplerKind::parse).transpose()?;
-        let kind = model.sampler_kind(sampler)?;
-        let settings = model.sampling_settings(kind, self.steps, self.guidance)?;
-        Ok(GenerationRequest {
-            prompt,
+    /// The prompt from the positional argument or `--prompt`.
+    pub fn prompt(&self) -> anyhow::Result<String> {
+        match self.prompt_pos.clone().or(self.prompt.clone()) {
+            Some(p) => Ok(p),
+            None => bail!("no prompt: give one as an argument or with --prompt"),
+        }
+    }
+
+    /// The job these options ask for (settings the user left out take the
+    /// model's defaults in the runtime, as `brume serve` does).
+    pub fn spec(&self, edit: Edit) -> anyhow::Result<JobSpec> {
+        Ok(JobSpec {
+            unet: self.model.unet.clone(),
             negative_prompt: self.negative_prompt.clone(),
-            steps: settings.steps,
-            guidance_scale: settings.guidance_scale,
-            width: width.unwrap_or(size),
-            height: height.unwrap_or(size),
-            seed: self.seed,
+            sampler: self.sampler.as_deref().map(SamplerKind::parse).transpose()?,
+            steps: self.steps,
+            guidance: self.guidance,
+            seed: Some(self.seed),
             rng: RngKind::parse(&self.rng)?,
             eta: self.eta,
             clip_skip: self.clip_skip,
-            sampler,
             batch: self.batch,
+            edit,
+            previews: self.previews(),
+            ..JobSpec::txt2img(self.prompt()?)
         })
     }
 
-    /// Output paths for a batch, refusing to overwrite without --force.
-    pub fn outputs(&self, batch: usize) -> anyhow::Result<Vec<PathBuf>> {
-        let paths: Vec<PathBuf> = (0..batch).map(|i| numbered(&self.out, i)).collect();
-        if !self.force {
-            if let Some(p) = paths.iter().find(|p| p.exists()) {
-                bail!("{} exists; pass --force to overwrite it", p.display());
-            }
+    /// The preview file, under the same rule as the outputs.
+    pub fn preview_output(&self) -> Option<Output> {
+        self.preview.as_ref().map(|p| Output::new(p, self.force))
+    }
+
+    /// Previews only when a preview file is asked for, every `--preview-every` steps.
+    pub fn previews(&self) -> PreviewPolicy {
+        match &self.preview {
+            Some(_) if self.preview_every > 0 => PreviewPolicy { every: self.preview_every, min_interval: std::time::Duration::ZERO },
+            _ => PreviewPolicy::OFF,
         }
-        Ok(paths)
+    }
+
+    /// The outputs for a batch (OUT, OUT-2, ...), checked before any work: an
+    /// existing file needs --force, and what is not a regular file is never replaced.
+    pub fn outputs(&self, batch: usize) -> anyhow::Result<Vec<Output>> {
+        let outs: Vec<Output> = (0..batch).map(|i| Output::new(numbered(&self.out, i), self.force)).collect();
+        for o in &outs {
+            o.check()?;
+        }
+        if let Some(p) = &self.preview {
+            if outs.iter().any(|o| o.path == *p || brume::output::same_file(&o.path, p)) {
+                bail!("--preview {} is also an output; give the preview its own file", p.display());
+            }
+            Output::new(p, self.force).check().context("--preview")?;
+        }
+        Ok(outs)
     }
 
     /// The recipe stored in `--from`, if given.
@@ -130,6 +151,45 @@ impl GenArgs {
             None => bail!("{} has no brume recipe (was it written by brume?)", p.display()),
         }
     }
+
+    /// Starts the runtime over the chosen model with the memory options: the
+    /// same runtime `brume serve` runs, here for one job.
+    pub fn runtime(&self) -> anyhow::Result<Runtime> {
+        let entry = self.model.entry();
+        let mut config = RuntimeConfig::new(vec![entry]);
+        config.memory = self.memory.policy();
+        // One person at a terminal: the service's guard rails on work are off,
+        // the engine's own limits (sizes, steps) still hold.
+        config.limits = Limits { max_steps: 1000, max_batch: 64, max_guidance: 1000.0, ..Limits::default() };
+        config.max_job_time = None;
+        config.conditioning_cache = 1;
+        config.warm_models = 1;
+        Runtime::start(config).map_err(|e| match e {
+            brume_runtime::StartError::Model { message, .. } => anyhow::anyhow!("{message}"),
+            e => e.into(),
+        })
+    }
+}
+
+/// The settings of a recipe as a job: every value explicit, so the runtime
+/// makes the same picture again.
+pub fn spec_from_recipe(r: &Recipe, edit: Edit) -> anyhow::Result<JobSpec> {
+    Ok(JobSpec {
+        unet: r.unet.clone(),
+        negative_prompt: r.negative_prompt.clone(),
+        sampler: Some(SamplerKind::parse(&r.sampler)?),
+        steps: Some(r.steps),
+        guidance: Some(r.guidance_scale),
+        width: Some(r.width),
+        height: Some(r.height),
+        seed: Some(r.seed),
+        rng: RngKind::parse(&r.rng)?,
+        eta: r.eta,
+        clip_skip: r.clip_skip,
+        batch: r.batch,
+        edit,
+        ..JobSpec::txt2img(r.prompt.clone())
+    })
 }
 
 fn numbered(out: &Path, i: usize) -> PathBuf {
@@ -141,98 +201,139 @@ fn numbered(out: &Path, i: usize) -> PathBuf {
     out.with_file_name(format!("{stem}-{}.{ext}", i + 1))
 }
 
-/// Ctrl-C sets a flag the progress callback turns into a clean cancel between steps.
-pub fn cancel_flag() -> Arc<AtomicBool> {
-    let flag = Arc::new(AtomicBool::new(false));
-    let f = flag.clone();
-    if let Err(e) = ctrlc::set_handler(move || {
-        if f.swap(true, Ordering::SeqCst) {
-            // Second Ctrl-C: the user really wants out now.
-            std::process::exit(130);
-        }
-        eprintln!("\ncancelling after this step (Ctrl-C again to abort)");
-    }) {
-        tracing::warn!("cannot install the Ctrl-C handler: {e}");
+/// Turns a refused submission into the CLI's words: the field is the flag.
+pub fn submit_error(e: SubmitError) -> anyhow::Error {
+    match e {
+        SubmitError::Invalid { field, message } => anyhow::anyhow!("--{}: {message}", field.replace('_', "-")),
+        e => e.into(),
     }
-    flag
 }
 
-/// The progress line (step, seconds per step, ETA), previews and cancellation.
-pub fn progress_reporter(
-    preview: Option<PathBuf>,
-    every: usize,
-    cancel: Arc<AtomicBool>,
-) -> impl FnMut(&Progress) -> Flow {
-    let mut last = Instant::now();
-    let mut step_times: Vec<f64> = Vec::new();
-    move |p: &Progress| {
-        match p {
-            Progress::Loaded(seg) => {
+/// Runs one job through the runtime, showing its progress on stderr (a
+/// progress line on a terminal, nothing per step otherwise), writing previews
+/// to `--preview`, and cancelling at the next step on Ctrl-C.
+pub fn run_job(rt: &Runtime, spec: JobSpec, preview: Option<Output>) -> anyhow::Result<Arc<JobOutput>> {
+    let mut events = rt.subscribe();
+    let id = rt.submit(spec).map_err(submit_error)?;
+    on_ctrl_c(rt.clone(), id);
+    let mut bar = ProgressLine::new();
+    let mut preview = preview.map(Claimed::new);
+    loop {
+        let event = match events.blocking_recv() {
+            Ok(e) => e,
+            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => continue,
+            Err(tokio::sync::broadcast::error::RecvError::Closed) => break,
+        };
+        if event.job != id {
+            continue;
+        }
+        match &event.kind {
+            EventKind::Planned { summary } => eprintln!("{summary}"),
+            EventKind::Loaded { segment } => {
                 let m = brume::runtime::memory::read();
                 tracing::info!(
-                    "loaded {seg}; private dirty {}, RSS {}; {}",
+                    "loaded {segment}; private dirty {}, RSS {}; {}",
                     m.private_dirty.map(brume::runtime::memory::mib).unwrap_or_default(),
                     m.rss.map(brume::runtime::memory::mib).unwrap_or_default(),
                     heap_now()
                 );
-                last = Instant::now();
             }
-            Progress::Step { index, total, latents } => {
+            EventKind::Step { step, total, eta_ms } => {
                 // The heap at each step, to check the estimator phase by phase.
-                tracing::info!("step {index}; {}", heap_now());
-                step_times.push(last.elapsed().as_secs_f64());
-                last = Instant::now();
-                let mut sorted = step_times.clone();
-                sorted.sort_by(|a, b| a.total_cmp(b));
-                let median = sorted[sorted.len() / 2];
-                let eta = median * (total - index) as f64;
-                let width = 24;
-                let done = width * index / total.max(&1);
-                eprint!(
-                    "\r[{}{}] {index}/{total}  {median:.2} s/step  ETA {eta:.1} s ",
-                    "#".repeat(done),
-                    ".".repeat(width - done)
-                );
-                let _ = std::io::stderr().flush();
-                if index == total {
-                    eprintln!();
-                }
-                if let Some(path) = &preview {
-                    if every > 0 && (index % every == 0 || index == total) {
-                        match latent_preview(latents, 8) {
-                            Ok(img) => {
-                                if let Err(e) = save_png(&img, path, None) {
-                                    tracing::warn!("preview: {e}");
-                                }
-                            }
-                            Err(e) => tracing::warn!("preview: {e}"),
-                        }
+                tracing::info!("step {step}; {}", heap_now());
+                bar.step(*step, *total, *eta_ms);
+            }
+            EventKind::Preview { png, .. } => {
+                if let Some(p) = preview.as_mut() {
+                    if let Err(e) = p.write_bytes(png) {
+                        tracing::warn!("preview: {e}");
                     }
                 }
             }
+            EventKind::Done { .. } | EventKind::Failed { .. } | EventKind::Cancelled { .. } => break,
+            _ => {}
         }
-        if cancel.load(Ordering::SeqCst) {
-            Flow::Cancel
-        } else {
-            Flow::Continue
-        }
+    }
+    bar.end();
+    let status = rt.wait(id).context("the runtime forgot the job")?;
+    match status.state {
+        JobState::Done => status.output.context("a finished job without its result"),
+        JobState::Cancelled(_) => bail!("cancelled; nothing was written"),
+        JobState::Failed(e) => Err(anyhow::anyhow!("{}", e.message)),
+        other => bail!("the job ended {}", other.name()),
     }
 }
 
-/// Writes each image of the batch with its recipe (seed noted per image).
-pub fn save_batch(image: &candle_core::Tensor, paths: &[PathBuf], recipe: &Recipe) -> anyhow::Result<()> {
-    for (i, path) in paths.iter().enumerate() {
-        let img = to_rgb8(&image.get(i)?.unsqueeze(0)?)?;
-        save_png(&img, path, Some(recipe)).with_context(|| format!("writing {}", path.display()))?;
+/// Writes each picture of the result to its output (the PNG with its recipe),
+/// saying where each went when it had to take another name.
+pub fn write_outputs(out: &JobOutput, outputs: &[Output]) -> anyhow::Result<Vec<PathBuf>> {
+    let mut written = Vec::new();
+    for (img, o) in out.images.iter().zip(outputs) {
+        let w = o.write_bytes(&img.png).with_context(|| format!("writing {}", o.path.display()))?;
+        if let Some(note) = w.notice() {
+            eprintln!("warning: {note}");
+        }
+        written.push(w.path);
     }
-    Ok(())
+    Ok(written)
 }
 
-/// Turns a cancelled run into a clean message.
-pub fn finish(result: brume::error::Result<brume::pipelines::Generated>) -> anyhow::Result<brume::pipelines::Generated> {
-    match result {
-        Err(brume::RunError::Cancelled) => bail!("cancelled; nothing was written"),
-        other => Ok(other?),
+/// The picture size of a result.
+pub fn size_of(out: &JobOutput) -> (u32, u32) {
+    out.images.first().map(|i| (i.width, i.height)).unwrap_or((0, 0))
+}
+
+/// Ctrl-C cancels the job at its next step; a second Ctrl-C exits at once.
+fn on_ctrl_c(rt: Runtime, id: JobId) {
+    let pressed = AtomicBool::new(false);
+    if let Err(e) = ctrlc::set_handler(move || {
+        if pressed.swap(true, Ordering::SeqCst) {
+            // Second Ctrl-C: the user really wants out now.
+            std::process::exit(130);
+        }
+        eprintln!("\ncancelling after this step (Ctrl-C again to abort)");
+        rt.cancel(id);
+    }) {
+        tracing::warn!("cannot install the Ctrl-C handler: {e}");
+    }
+}
+
+/// The step, seconds per step and ETA, redrawn in place on a terminal; when
+/// stderr is a file or a pipe, nothing per step (no carriage returns in logs).
+struct ProgressLine {
+    terminal: bool,
+    last: Instant,
+    step_times: Vec<f64>,
+    drawn: bool,
+}
+
+impl ProgressLine {
+    fn new() -> Self {
+        Self { terminal: brume::output::stderr_is_terminal(), last: Instant::now(), step_times: Vec::new(), drawn: false }
+    }
+
+    fn step(&mut self, index: usize, total: usize, eta_ms: Option<u64>) {
+        self.step_times.push(self.last.elapsed().as_secs_f64());
+        self.last = Instant::now();
+        if !self.terminal {
+            return;
+        }
+        let mut sorted = self.step_times.clone();
+        sorted.sort_by(f64::total_cmp);
+        let median = sorted[sorted.len() / 2];
+        let eta = eta_ms.map(|m| m as f64 / 1e3).unwrap_or(0.0);
+        let width = 24;
+        let done = width * index / total.max(1);
+        eprint!("\r[{}{}] {index}/{total}  {median:.2} s/step  ETA {eta:.1} s ", "#".repeat(done), ".".repeat(width - done));
+        let _ = std::io::stderr().flush();
+        self.drawn = true;
+    }
+
+    fn end(&mut self) {
+        if self.drawn {
+            eprintln!();
+            self.drawn = false;
+        }
     }
 }
 
