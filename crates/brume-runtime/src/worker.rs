@@ -382,8 +382,9 @@ impl Worker {
         }
         *last = Some(Instant::now());
         let (_, _, h, _) = latents.dims4().ok()?;
-        // About 128 pixels on the short side: enough to see composition, cheap to send.
-        let scale = (128 / h.max(1)).clamp(1, 8) as u32;
+        // The picture's own size (8 pixels a latent) up to 512 on a side: big
+        // enough to judge, cheap enough to encode every step.
+        let scale = (512 / h.max(1)).clamp(1, 8) as u32;
         match latent_preview(latents, scale).and_then(|img| encode_png(&img, None)) {
             Ok(png) => Some(Arc::new(png)),
             Err(e) => {
