@@ -30,3 +30,65 @@ pub static FILES: &[EmbeddedFile] = embed!(
     "vae/config.json",
     "vae/diffusion_pytorch_model.safetensors",
 );
+
+/// Every word the built-in model's captions use (its shapes world: colours,
+/// shapes, sizes, positions, relations, backgrounds and the caption templates'
+/// own words), gathered from the world's caption generator so it stays in step.
+#[allow(dead_code)]
+pub fn vocabulary() -> &'static std::collections::BTreeSet<String> {
+    static WORDS: std::sync::OnceLock<std::collections::BTreeSet<String>> = std::sync::OnceLock::new();
+    WORDS.get_or_init(|| {
+        let cfg = brume_world::scene::SampleConfig::default();
+        let mut words = std::collections::BTreeSet::new();
+        for seed in 0..2000u64 {
+            let scene = brume_world::scene::sample_scene(seed, &cfg);
+            // Template seeds pick the template and the synonyms: several per scene.
+            for t in 0..4 * brume_world::caption::TEMPLATES as u64 {
+                for w in words_of(&brume_world::caption(&scene, seed.wrapping_mul(31).wrapping_add(t))) {
+                    words.insert(w);
+                }
+            }
+        }
+        words
+    })
+}
+
+#[allow(dead_code)]
+fn words_of(text: &str) -> impl Iterator<Item = String> + '_ {
+    text.split(|c: char| !c.is_alphanumeric()).filter(|w| !w.is_empty()).map(str::to_lowercase)
+}
+
+/// A warning when a prompt for the built-in model uses words it never saw:
+/// it only knows its shapes world, so they have no effect (or a random one).
+/// For generate/edit to call when the built-in model runs.
+#[allow(dead_code)]
+pub fn vocabulary_warning(prompt: &str) -> Option<String> {
+    let known = vocabulary();
+    let mut unknown: Vec<String> = words_of(prompt).filter(|w| !known.contains(w)).collect();
+    unknown.dedup();
+    if unknown.is_empty() {
+        return None;
+    }
+    unknown.truncate(12);
+    let colours: Vec<&str> = brume_world::Colour::ALL.iter().map(|c| c.name()).collect();
+    let shapes: Vec<&str> = brume_world::scene::Shape::ALL.iter().map(|s| s.name()).collect();
+    Some(format!(
+        "the built-in model only knows its shapes world; these words are outside its vocabulary and do nothing \
+         useful: {}. It knows colours ({}), shapes ({}), sizes (small, large), positions (left, right, top, bottom, \
+         centre, top left, ...), relations (left of, right of, above, below) and backgrounds (plain, gradient, \
+         striped, checkered), e.g. \"a small red circle above a large blue square on a striped green background\"",
+        brume::output::escape_control(&unknown.join(", ")),
+        colours.join(", "),
+        shapes.join(", ")
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_vocabulary_warning_names_unknown_words_only() {
+        assert_eq!(super::vocabulary_warning("a red circle on a blue background"), None);
+        let w = super::vocabulary_warning("a photo of a cat").unwrap();
+        assert!(w.contains("photo") && w.contains("cat") && !w.contains("useful: a,"), "{w}");
+    }
+}

@@ -70,7 +70,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(&cli.log));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    // ANSI colour only on a terminal: a log file or a pipe gets plain text.
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(brume::output::stderr_is_terminal()).init();
     if let Some(mode) = brume::kernels::KernelMode::parse(&cli.kernels) {
         brume::kernels::set_mode(mode);
     }
@@ -90,7 +91,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", error_text(&e));
             ExitCode::FAILURE
         }
     }
@@ -109,4 +110,23 @@ fn run_on_pool(command: Command) -> anyhow::Result<()> {
         Command::Inspect(a) => commands::inspect::run(a),
         Command::RandomModel(a) => commands::random_model::run(a),
     }
+}
+
+/// The error and its causes, each said once: a cause whose text its parent
+/// already carries (error messages often embed their source, and `{:#}` would
+/// print it again) is skipped. Control characters are escaped: messages quote
+/// text from files (config values, metadata keywords).
+fn error_text(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let s = cause.to_string();
+        if out.contains(&s) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&s);
+    }
+    brume::output::escape_control(&out)
 }

@@ -137,3 +137,25 @@ fn info_escapes_control_characters_and_refuses_a_text_bomb() {
     assert!(o.stdout.len() < 1 << 20, "printed {} bytes", o.stdout.len());
     assert!(String::from_utf8_lossy(&o.stderr).contains("comment"), "{}", String::from_utf8_lossy(&o.stderr));
 }
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap().flatten() {
+        let t = to.join(e.file_name());
+        if e.path().is_dir() {
+            copy_dir(&e.path(), &t);
+        } else {
+            std::fs::copy(e.path(), t).unwrap();
+        }
+    }
+}
+
+#[test]
+fn an_error_says_its_cause_once() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = tmp.path().join("m");
+    copy_dir(&Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/builtin"), &m);
+    std::fs::write(m.join("vae/config.json"), "{").unwrap();
+    let e = err(&brume().args(["inspect", "--model"]).arg(&m).output().unwrap());
+    assert_eq!(e.matches("EOF while parsing").count(), 1, "{e}");
+}

@@ -531,3 +531,17 @@ fn files_not_in(old: &Path, new: &Path) -> Option<PathBuf> {
     }
     walk(old, Path::new(""), new, 0)
 }
+
+/// A warning when a picture brume writes as PNG is named otherwise (`.jpg`,
+/// `.webp`, no extension): the bytes are PNG whatever the name, and tools that
+/// trust the extension would misread it.
+pub fn png_extension_warning(path: &Path) -> Option<String> {
+    match path.extension().map(|e| e.to_string_lossy().to_ascii_lowercase()) {
+        Some(e) if e == "png" => None,
+        Some(e) => Some(format!(
+            "{} is written as PNG (the format that carries brume's recipe), not .{e}; name it .png so other tools read it right",
+            path.display()
+        )),
+        None => Some(format!("{} has no extension; it is written as PNG (name it .png)", path.display())),
+    }
+}

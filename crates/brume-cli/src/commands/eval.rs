@@ -174,6 +174,9 @@ pub(super) fn sheet_outputs(sheet: &std::path::Path, force: bool) -> anyhow::Res
     let outs = SheetOutputs { sheet: Output::new(sheet, force), listing: Output::new(txt, force) };
     outs.sheet.check()?;
     outs.listing.check()?;
+    if let Some(w) = brume::output::png_extension_warning(sheet) {
+        eprintln!("warning: {w}");
+    }
     Ok(outs)
 }
 

@@ -482,6 +482,29 @@ impl SdModel {
         }
     }
 
+    /// Why sampler `kind` does not suit this UNet, if it does not: a few-step
+    /// sampler (lcm, tcd) on a UNet that was not distilled for it gives a rough
+    /// picture in its handful of steps, and an LCM-distilled UNet (one with a
+    /// guidance embedding) under an ordinary sampler ignores what it was trained for.
+    pub fn sampler_mismatch(&self, kind: SamplerKind) -> Option<String> {
+        let distilled = self.unet_config.time_cond_proj_dim.is_some()
+            || self.sampler_kind(None).map(|k| k.is_few_step()).unwrap_or(false);
+        let unet = &self.unet_folder;
+        match (kind.is_few_step(), distilled) {
+            (true, false) => Some(format!(
+                "sampler {} is made for LCM/TCD-distilled UNets, and `{unet}` is not one: expect a rough picture \
+                 (use the model's own sampler, or a distilled UNet such as the built-in model's --unet unet_lcm)",
+                kind.cli_name()
+            )),
+            (false, true) => Some(format!(
+                "`{unet}` is LCM-distilled (made for 1-8 steps of lcm or tcd); sampler {} does not use what it was \
+                 trained for: expect a poor picture (use --sampler lcm)",
+                kind.cli_name()
+            )),
+            _ => None,
+        }
+    }
+
     /// Steps and guidance for a run on sampler `kind` where the request leaves them
     /// out: the UNet folder's recommendation, else the sampler family's and
     /// diffusers' defaults (see [`SamplingDefaults::resolve`]).

@@ -125,9 +125,15 @@ pub fn tensor_lists(preset: &Preset) -> std::result::Result<BTreeMap<&'static st
 
 /// Writes `preset` with random weights into the new folder `out`.
 pub fn write(preset: &Preset, out: &Path, dtype: StoredDType, seed: u64) -> Result<()> {
-    if out.exists() {
-        return Err(RunError::Invalid(format!("{} already exists; choose a new folder", out.display())));
-    }
+    // The output rule for folders: a free name (or an empty folder) only,
+    // never through a symlink; built in a temporary sibling that an error removes.
+    let target = crate::output::OutputDir::new(out, false);
+    target.check(|_| false).map_err(|e| match e {
+        crate::output::OutputError::Exists { .. } => {
+            RunError::Invalid(format!("{} already exists; choose a new folder", out.display()))
+        }
+        e => e.into(),
+    })?;
     let (elem, is_f16) = match dtype {
         StoredDType::F32 => (4, false),
         StoredDType::F16 => (2, true),
@@ -138,9 +144,10 @@ pub fn write(preset: &Preset, out: &Path, dtype: StoredDType, seed: u64) -> Resu
         let path = path.to_path_buf();
         move |source| RunError::Write { path, source }
     };
-    std::fs::create_dir_all(out).map_err(io(out))?;
+    let tmp = target.temp()?;
+    let dir = tmp.path().to_path_buf();
     for (file, text) in preset.files {
-        let p = out.join(file);
+        let p = dir.join(file);
         if let Some(parent) = p.parent() {
             std::fs::create_dir_all(parent).map_err(io(parent))?;
         }
@@ -149,7 +156,10 @@ pub fn write(preset: &Preset, out: &Path, dtype: StoredDType, seed: u64) -> Resu
     let mut rng = Rng::new(seed);
     for (component, tensors) in &lists {
         let stem = if *component == "text_encoder" { "model" } else { "diffusion_pytorch_model" };
-        let path = out.join(component).join(format!("{stem}.safetensors"));
+        let path = dir.join(component).join(format!("{stem}.safetensors"));
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent).map_err(io(parent))?;
+        }
         let mut header = serde_json::Map::new();
         let mut offset = 0usize;
         for (name, shape) in tensors {
@@ -188,6 +198,12 @@ pub fn write(preset: &Preset, out: &Path, dtype: StoredDType, seed: u64) -> Resu
         .map_err(io(&path))?;
         tracing::info!(component, bytes = offset, "wrote random weights");
     }
+    target.commit(tmp, |_| false).map_err(|e| match e {
+        crate::output::OutputError::Exists { .. } => {
+            RunError::Invalid(format!("{} appeared while writing and is left alone; nothing was written", out.display()))
+        }
+        e => e.into(),
+    })?;
     Ok(())
 }
 

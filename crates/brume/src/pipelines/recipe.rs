@@ -41,8 +41,10 @@ impl InputFile {
         std::fs::File::open(path)
             .and_then(|mut f| std::io::copy(&mut f, &mut h))
             .map_err(|e| RunError::Invalid(format!("{}: cannot read: {e}", path.display())))?;
+        // Absolute, so `--from` finds the input from any working folder (the hash
+        // still pins its content wherever it is found).
         Ok(Self {
-            path: path.to_path_buf(),
+            path: std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf()),
             sha256: hex(&h.finalize()),
         })
     }
@@ -106,7 +108,8 @@ impl Recipe {
             eta: req.eta,
             clip_skip: req.clip_skip,
             model_name: model.name.clone(),
-            model_path: model.root.clone(),
+            // Absolute (when on disk) so `--from` follows it from any folder.
+            model_path: std::fs::canonicalize(&model.root).unwrap_or_else(|_| model.root.clone()),
             model_hash: model_hash(model),
             unet: (model.unet_folder != "unet").then(|| model.unet_folder.clone()),
             strength: None,
@@ -322,11 +325,16 @@ pub fn read_png_text_from<R: std::io::BufRead + std::io::Seek>(reader: R, name: 
 }
 
 fn too_big(name: &str, keyword: &str, e: png::DecodingError) -> RunError {
-    RunError::Invalid(format!(
-        "{name}: text chunk `{}` cannot be inflated within the metadata bound ({e}); brume reads at most {} MiB of metadata",
-        crate::output::escape_control(keyword),
-        MAX_PNG_TEXT_BYTES >> 20
-    ))
+    let keyword = crate::output::escape_control(keyword);
+    // The png crate's text error type is private: its message tells the two cases apart.
+    if e.to_string().contains("decompression space") {
+        RunError::Invalid(format!(
+            "{name}: text chunk `{keyword}` inflates to more than brume reads ({} MiB of metadata in all); it is refused",
+            MAX_PNG_TEXT_BYTES >> 20
+        ))
+    } else {
+        RunError::Invalid(format!("{name}: text chunk `{keyword}` is not valid compressed text: {e}"))
+    }
 }
 
 /// The brume recipe stored in a PNG, if any.

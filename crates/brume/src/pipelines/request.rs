@@ -57,7 +57,11 @@ impl GenerationRequest {
 
     /// The sampler configured over the model's schedule for these steps.
     pub fn build_sampler(&self, model: &SdModel) -> Result<Box<dyn crate::samplers::Sampler>> {
-        crate::samplers::build(self.sampler_kind(model)?, &model.schedule, self.steps, self.eta)
+        let kind = self.sampler_kind(model)?;
+        if let Some(w) = model.sampler_mismatch(kind) {
+            tracing::warn!("{w}");
+        }
+        crate::samplers::build(kind, &model.schedule, self.steps, self.eta)
     }
 
     /// Whether the unconditional branch runs (diffusers' `do_classifier_free_guidance`).
