@@ -431,6 +431,8 @@ async function connect() {
 }
 
 async function start() {
+  // On a phone the sampling details start folded, so Prompt, Generate and Live sit under the result.
+  if (matchMedia('(max-width: 700px)').matches) for (const d of document.querySelectorAll('#settings details')) d.open = false;
   const restored = await restoreDocument();
   const service = await connect();
   settings.init(service);

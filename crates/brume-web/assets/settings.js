@@ -40,7 +40,7 @@ export class Settings {
       for (const u of m.unets || []) if (u.sampler && !names.some(([n]) => n === u.sampler)) names.push([u.sampler, u.sampler]);
     }
     sampler.replaceChildren(...names.map(([n, label]) => new Option(label, n)));
-    const sizes = new Set([64, 128, 192, 256, 320, 384, 448, 512, 640, 768, 1024].filter((s) => s <= this.capabilities.max_side));
+    const sizes = new Set([64, 128, 192, 256, 320, 384, 448, 512, 640, 768, 1024].filter((s) => s <= this.capabilities.max_side && s >= (this.capabilities.min_side || 8)));
     for (const m of this.models) if (m.default_size) sizes.add(m.default_size);
     size.replaceChildren(...[...sizes].sort((a, b) => a - b).map((s) => new Option(`${s}×${s}`, String(s))));
     this.el.steps.max = String(this.capabilities.max_steps || 150);
