@@ -399,7 +399,7 @@ fn memory_budgets_are_resolved_planned_and_refused_before_loading() {
     // A roomy tier: the plain path, said on stderr and kept in the recipe.
     let ok = brume().args(["generate", "x", "--steps", "1", "--device-tier", "a17-pro", "--out"]).arg(&out).output().unwrap();
     assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
-    assert!(String::from_utf8_lossy(&ok.stderr).contains("memory plan resident: no fallback needed"));
+    assert!(String::from_utf8_lossy(&ok.stderr).contains("memory plan resident: runs as asked"));
     let info = brume().arg("info").arg(&out).arg("--json").output().unwrap();
     assert!(String::from_utf8_lossy(&info.stdout).contains("memory_plan"), "{}", String::from_utf8_lossy(&info.stdout));
 }

@@ -129,7 +129,8 @@ impl Plan {
     /// One line for stderr and the recipe.
     pub fn summary(&self) -> String {
         let fb = self.fallbacks();
-        let what = if fb.is_empty() { "no fallback needed".to_string() } else { format!("fallback: {}", fb.join(", ")) };
+        // Only a plan that gave something up says "fallback".
+        let what = if fb.is_empty() { "runs as asked".to_string() } else { format!("fallback: {}", fb.join(", ")) };
         let mut line = format!(
             "memory plan {}: {what}; estimated peak {} private, {} RSS; budget {}",
             self.strategy.label(),
