@@ -29,6 +29,9 @@ pub enum Bench {
     /// brume vs PyTorch, ONNX Runtime and OpenVINO per component (UNets, VAE
     /// decoders, text encoder) on the same random-weight models.
     Speed(super::bench_speed::SpeedArgs),
+    /// `brume serve` under load (mixed requests from concurrent clients), HTTP
+    /// vs library latency, and a seeded fuzz (`--fuzz N`); exits non-zero when a bar fails.
+    Serve(super::bench_serve::ServeArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -59,6 +62,7 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
         Bench::Memory(a) => super::bench_memory::run(a),
         Bench::Kernels(a) => super::bench_kernels::run(a),
         Bench::Speed(a) => super::bench_speed::run(a),
+        Bench::Serve(a) => super::bench_serve::run(a),
     }
 }
 

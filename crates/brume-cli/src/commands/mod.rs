@@ -1,5 +1,6 @@
 pub mod bench;
 pub mod bench_precision;
+pub mod bench_serve;
 pub mod convert;
 pub mod bench_memory;
 pub mod bench_kernels;
@@ -8,6 +9,7 @@ pub mod doctor;
 pub mod edit;
 pub mod eval;
 pub mod eval_edits;
+pub mod gallery;
 pub mod generate;
 pub mod info;
 pub mod inspect;
