@@ -9,7 +9,6 @@ pub mod doctor;
 pub mod edit;
 pub mod eval;
 pub mod eval_edits;
-pub mod gallery;
 pub mod generate;
 pub mod info;
 pub mod inspect;
