@@ -175,8 +175,9 @@ impl Recipe {
 /// sampling defaults and which UNet folder it is) and over each weight file's
 /// name, length and full contents. Any change to a weight or a config changes
 /// it; moving or copying the model does not. Hashing the contents reads every
-/// weight byte once (about a second per 2 GB), so each file's digest is kept
-/// for the process, keyed by its path, length and modification time.
+/// weight byte once (seconds for an SD 1.5 UNet), so each file's digest is
+/// kept for the process, keyed by its path, length and modification time, and
+/// files over 64 MiB keep it on disk between runs (see `disk_cache_entry`).
 pub fn model_hash(model: &SdModel) -> String {
     let mut h = Sha256::new();
     let schedule = serde_json::to_string(&model.schedule.raw).unwrap_or_default();
@@ -224,6 +225,11 @@ fn content_digest(path: &Path, raw: &[u8]) -> [u8; 32] {
             return *d;
         }
     }
+    let disk = mtime.and_then(|m| disk_cache_entry(path, raw.len() as u64, m));
+    if let Some(d) = disk.as_ref().and_then(|p| std::fs::read_to_string(p).ok()).and_then(|t| unhex32(t.trim())) {
+        CACHE.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(HashMap::new).insert(key, d);
+        return d;
+    }
     // Read through a small buffer, not through the mapping: hashing must not
     // make the whole model resident in this process (the memory plans count it).
     let from_file: Option<[u8; 32]> = mtime
@@ -245,7 +251,58 @@ fn content_digest(path: &Path, raw: &[u8]) -> [u8; 32] {
     if mtime.is_some() {
         CACHE.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert_with(HashMap::new).insert(key, digest);
     }
+    if let (Some(p), true) = (disk, from_file.is_some()) {
+        // Best effort: a cache that cannot be written only costs the next run a re-hash.
+        if let Some(dir) = p.parent() {
+            let _ = std::fs::create_dir_all(dir);
+        }
+        let _ = crate::output::Output::new(&p, true).write_bytes(hex(&digest).as_bytes());
+    }
     digest
+}
+
+/// Files at least this large keep their digest on disk between runs (hashing
+/// an SD 1.5 UNet takes seconds); smaller ones are hashed every time.
+const DISK_CACHE_MIN_BYTES: u64 = 64 << 20;
+
+/// Where a large weight file's digest is kept: `$BRUME_CACHE_DIR` (else
+/// `$XDG_CACHE_HOME/brume`, else `~/.cache/brume`) `/digests/`, named by the
+/// file's absolute path, length, modification time and inode, so any change
+/// to the file (which rewrites its mtime) looks up a fresh entry.
+fn disk_cache_entry(path: &Path, len: u64, mtime: std::time::SystemTime) -> Option<PathBuf> {
+    if len < DISK_CACHE_MIN_BYTES {
+        return None;
+    }
+    let root = std::env::var_os("BRUME_CACHE_DIR")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("brume")))
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/brume")))?;
+    let canon = std::fs::canonicalize(path).ok()?;
+    let nanos = mtime.duration_since(std::time::UNIX_EPOCH).ok()?.as_nanos();
+    #[cfg(unix)]
+    let ino = {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(&canon).ok()?.ino()
+    };
+    #[cfg(not(unix))]
+    let ino = 0u64;
+    let mut h = Sha256::new();
+    h.update(canon.to_string_lossy().as_bytes());
+    h.update(len.to_le_bytes());
+    h.update(nanos.to_le_bytes());
+    h.update(ino.to_le_bytes());
+    Some(root.join("digests").join(hex(&h.finalize())))
+}
+
+fn unhex32(s: &str) -> Option<[u8; 32]> {
+    if s.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
 }
 
 fn hex(bytes: &[u8]) -> String {

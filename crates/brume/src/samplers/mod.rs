@@ -256,7 +256,7 @@ pub fn build(kind: SamplerKind, cfg: &ScheduleConfig, steps: usize, eta: f64) ->
         return Err(RunError::Invalid("steps must be at least 1".into()));
     }
     let dpm = |algorithm, karras| DpmVariant { algorithm, karras };
-    Ok(match kind {
+    let sampler: Box<dyn Sampler> = match kind {
         SamplerKind::Ddim => Box::new(Ddim::new(cfg, steps, eta)),
         SamplerKind::Ddpm => Box::new(Ddpm::new(cfg, steps)?),
         SamplerKind::Euler => Box::new(Euler::new(cfg, steps, None)?),
@@ -268,5 +268,24 @@ pub fn build(kind: SamplerKind, cfg: &ScheduleConfig, steps: usize, eta: f64) ->
         SamplerKind::UniPc => Box::new(UniPc::new(cfg, steps)?),
         SamplerKind::Lcm => Box::new(Lcm::new(cfg, steps)?),
         SamplerKind::Tcd => Box::new(Tcd::new(cfg, steps, eta)?),
-    })
+    };
+    // Every timestep must index the training schedule: a config's steps_offset
+    // (or spacing) can push the first past it, where samplers would read a
+    // neighbouring alpha (a wrong picture) or out of bounds (a panic).
+    let n = cfg.num_train_timesteps as f64;
+    if let Some(&t) = sampler.timesteps().iter().find(|t| !(t.is_finite() && **t >= 0.0 && **t < n)) {
+        return Err(RunError::Invalid(format!(
+            "{}: {steps} steps of {} give timestep {t}, outside the schedule's 0..{} (steps_offset {}, {:?} spacing); \
+             use fewer steps or fix the config",
+            cfg.path.display(),
+            kind.cli_name(),
+            cfg.num_train_timesteps,
+            cfg.steps_offset,
+            cfg.timestep_spacing
+        )));
+    }
+    if sampler.timesteps().is_empty() {
+        return Err(RunError::Invalid(format!("{}: {steps} steps of {} give no timestep", cfg.path.display(), kind.cli_name())));
+    }
+    Ok(sampler)
 }
