@@ -107,6 +107,7 @@ export class EventSocket {
     this.delay = 250;
     this.ws = null;
     this.closed = false;
+    this.replies = []; // resolvers of submits sent, answered in order by accepted / rejected
     this.connect();
   }
 
@@ -129,6 +130,10 @@ export class EventSocket {
     ws.onmessage = (msg) => {
       let event;
       try { event = JSON.parse(msg.data); } catch { return; }
+      if ((event.type === 'accepted' || event.type === 'rejected') && this.replies.length) {
+        this.replies.shift()(event);
+        return;
+      }
       this.onEvent(event);
     };
     // onerror is always followed by onclose; the close handler does the reconnecting.
@@ -136,10 +141,38 @@ export class EventSocket {
     ws.onclose = () => {
       if (this.ws !== ws || this.closed) return;
       this.ws = null;
+      for (const reply of this.replies.splice(0)) reply({ type: 'lost' });
       this.onState('reconnecting', this.delay);
       setTimeout(() => this.connect(), this.delay);
       this.delay = Math.min(this.delay * 2, 4000);
     };
+  }
+
+  /**
+   * Submits a job over the socket: the same body as POST /api/v1/jobs, answered by
+   * {"type":"accepted","id","position"}. A refusal rejects with the service's words (and, unlike
+   * an HTTP 4xx, leaves no network error in the browser's console).
+   */
+  submit(job) {
+    return new Promise((resolve, reject) => {
+      if (!this.send({ type: 'submit', job })) {
+        reject(new ApiError('the connection to the brume server is down'));
+        return;
+      }
+      // A socket that never answers must not hang the editor: give up after 15 s.
+      const timer = setTimeout(() => {
+        const i = this.replies.indexOf(answer);
+        if (i >= 0) this.replies.splice(i, 1, () => {});
+        reject(new ApiError('the brume server did not answer the job in 15 s'));
+      }, 15000);
+      const answer = (reply) => {
+        clearTimeout(timer);
+        if (reply.type === 'accepted') resolve({ id: reply.id, state: 'queued', position: reply.position });
+        else if (reply.type === 'rejected') reject(new ApiError(reply.error?.message || 'the server refused the job', { field: reply.error?.field ?? null }));
+        else reject(new ApiError('lost the connection to the brume server while submitting; try again'));
+      };
+      this.replies.push(answer);
+    });
   }
 
   send(message) {

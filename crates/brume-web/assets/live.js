@@ -22,11 +22,13 @@ export class Scheduler {
   /**
    * @param {object} o
    * @param {(kind: string) => Promise<object>} o.buildJob the job body for the current input
+   * @param {(body: object) => Promise<object>} o.submit sends a job; resolves to {id, state, position}
    * @param {(msg: object) => boolean} o.send sends on the event socket (false when it is down)
    * @param {() => boolean} o.socketOpen
    */
-  constructor({ buildJob, send, socketOpen, onStatus, onPreview, onResult, onError }) {
+  constructor({ buildJob, submit, send, socketOpen, onStatus, onPreview, onResult, onError }) {
     this.buildJob = buildJob;
+    this.submitJob = submit;
     this.send = send;
     this.socketOpen = socketOpen;
     this.onStatus = onStatus;
@@ -153,7 +155,7 @@ export class Scheduler {
     let body;
     try {
       body = await this.buildJob(kind);
-      const accepted = await api.submit(body);
+      const accepted = await this.submitJob(body);
       entry.id = String(accepted.id);
       entry.state = accepted.state || 'queued';
       entry.position = accepted.position ?? null;

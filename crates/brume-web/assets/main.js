@@ -130,6 +130,8 @@ const cancelButton = $('cancel');
 
 const scheduler = new Scheduler({
   buildJob,
+  // Over the socket when it is up (one round trip, refusals as words); over HTTP when it is not.
+  submit: (body) => (socket.open ? socket.submit(body) : api.submit(body)),
   send: (msg) => socket.send(msg),
   socketOpen: () => socket.open,
   onStatus: ({ state, text, running }) => {
@@ -450,5 +452,5 @@ async function start() {
   document.body.dataset.ready = 'true';
 }
 
-window.brume = { painter, history, scheduler, settings, gallery };
+window.brume = { painter, history, scheduler, settings, gallery, socket };
 start().catch(showError);

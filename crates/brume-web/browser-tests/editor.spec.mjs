@@ -70,10 +70,27 @@ page.on('response', async (res) => {
     trackConcurrency();
   } catch { /* a refused job has no id */ }
 });
+// Jobs submitted over the socket: bodies sent, then accepted / rejected in the same order.
+const submitted = [];
 page.on('websocket', (ws) => {
+  ws.on('framesent', ({ payload }) => {
+    let msg;
+    try { msg = JSON.parse(String(payload)); } catch { return; }
+    if (msg && msg.type === 'submit') submitted.push(msg.job);
+  });
   ws.on('framereceived', ({ payload }) => {
     let ev;
     try { ev = JSON.parse(String(payload)); } catch { return; }
+    if (ev && (ev.type === 'accepted' || ev.type === 'rejected')) {
+      const body = submitted.shift();
+      if (ev.type === 'accepted') {
+        const id = String(ev.id);
+        jobs.set(id, { body, events: early.get(id) || [], acceptedAt: Date.now() });
+        early.delete(id);
+        trackConcurrency();
+      }
+      return;
+    }
     if (!ev || ev.id === undefined) return;
     const id = String(ev.id);
     const j = jobs.get(id);
@@ -284,6 +301,17 @@ if (BENCH) {
     }
   });
 
+  await check("the service's refusals appear in the page in words", async () => {
+    await page.getByLabel('Prompt', { exact: true }).fill(PROMPT);
+    await page.getByLabel('Steps', { exact: true }).fill('100000');
+    await page.getByRole('button', { name: 'Generate', exact: true }).click();
+    await page.waitForFunction(() => !document.getElementById('error').hidden);
+    const text = await page.locator('#error').textContent();
+    assert(/steps/i.test(text), `the error does not name the field: ${JSON.stringify(text)}`);
+    await page.getByRole('button', { name: 'Model defaults', exact: true }).click();
+    await page.locator('#error').click(); // dismiss
+  });
+
   await check('live: a red disc on a blue canvas comes back as one (judged by brume-world)', async () => {
     await page.getByLabel('Prompt', { exact: true }).fill(PROMPT);
     await setLive(true);
@@ -363,6 +391,18 @@ if (BENCH) {
     assert(busySeen, 'the engine was never busy during the strokes');
     assert(p95 <= 20, `rAF p95 ${p95.toFixed(1)} ms > 20 ms`);
     assert(longest <= 50, `a long task of ${Math.round(longest)} ms`);
+  });
+
+  await check('a lost connection is said in words and the page reconnects by itself', async () => {
+    await page.evaluate(() => window.brume.socket.ws.close());
+    await page.waitForFunction(() => document.getElementById('connection').dataset.state !== 'open');
+    const said = await page.locator('#connection').textContent();
+    assert(/reconnect/i.test(said), `the page said ${JSON.stringify(said)}`);
+    await page.waitForFunction(() => document.getElementById('connection').dataset.state === 'open', null, { timeout: 10000 });
+    // Events flow again: a live edit after the reconnect comes back.
+    const w = await page.evaluate(() => window.brume.painter.width);
+    await drag([w * 0.2, w * 0.8], [w * 0.4, w * 0.8], 3);
+    await waitSettled(['settle']);
   });
 
   await check('inpaint: the pixels outside the mask are unchanged', async () => {
