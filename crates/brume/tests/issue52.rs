@@ -112,6 +112,27 @@ fn class2_the_fingerprint_changes_with_any_config_or_weight() {
     assert_ne!(base, changed, "a weight change must change the fingerprint");
 }
 
+#[test]
+fn class2_non_finite_weights_are_an_error_naming_the_component() {
+    let tmp = tempfile::tempdir().unwrap();
+    let root = edited_copy(tmp.path(), "unet/config.json", |_| {});
+    // The UNet's last stored value (an f16 of a linear weight) becomes NaN.
+    let w = root.join("unet/diffusion_pytorch_model.safetensors");
+    let mut bytes = std::fs::read(&w).unwrap();
+    let n = bytes.len();
+    bytes[n - 2..].copy_from_slice(&half_nan());
+    std::fs::write(&w, bytes).unwrap();
+    let model = SdModel::open(&root, &OpenOptions::default()).unwrap();
+    let req = GenerationRequest { steps: 2, sampler: Some(SamplerKind::Ddim), ..GenerationRequest::new("a red circle", 32) };
+    let e = run(&model, &req).err().expect("NaN weights reported success").to_string();
+    assert!(e.contains("UNet") && e.contains("not finite"), "{e}");
+}
+
+/// f16 NaN, little-endian.
+fn half_nan() -> [u8; 2] {
+    0x7e00u16.to_le_bytes()
+}
+
 // ---- class 3: panics and aborts on input ----
 
 #[test]

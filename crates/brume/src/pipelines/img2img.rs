@@ -83,6 +83,9 @@ pub fn encode_image(
 ) -> Result<Tensor> {
     let z = enc.sample_latents(&image.to_dtype(opts.dtype)?, noise)?.to_dtype(candle_core::DType::F32)?;
     let z = ((z - model.vae_config.shift_factor())? * model.vae_config.scaling_factor())?;
+    super::denoise::ensure_finite(&z, || {
+        "the VAE encoder's latents are not finite (NaN or infinity): its weights may hold non-finite numbers".to_string()
+    })?;
     Ok(Tensor::cat(&vec![&z; batch], 0)?)
 }
 
