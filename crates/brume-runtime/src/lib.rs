@@ -63,7 +63,8 @@ pub struct RuntimeConfig {
     pub queue_limit: usize,
     /// A job running longer is cancelled at its next step (`timeout`).
     pub max_job_time: Option<Duration>,
-    /// Finished jobs remembered for status queries.
+    /// Finished jobs remembered for status queries (the last [`KEEP_OUTPUTS`]
+    /// with their pictures).
     pub keep_finished: usize,
     /// Prompt encodings kept (per model) so a repeated prompt skips the text encoder.
     pub conditioning_cache: usize,
@@ -113,6 +114,10 @@ pub struct QueueInfo {
     pub queued: usize,
     pub limit: usize,
 }
+
+/// Finished jobs whose pictures stay in memory for status queries: a service
+/// under load must not grow by every picture it made (the gallery has them).
+pub const KEEP_OUTPUTS: usize = 64;
 
 // Why the worker should stop the running job at its next step.
 const STOP_NONE: u8 = 0;
@@ -228,6 +233,12 @@ impl Shared {
         }
         self.emit(st, id, kind);
         st.finished.push_back(id);
+        // Old results' pictures go (a sink has stored them); their states stay a while longer.
+        if let Some(old) = st.finished.len().checked_sub(KEEP_OUTPUTS + 1).and_then(|i| st.finished.get(i).copied()) {
+            if let Some(r) = st.jobs.get_mut(&old) {
+                r.output = None;
+            }
+        }
         while st.finished.len() > self.keep_finished {
             if let Some(old) = st.finished.pop_front() {
                 st.jobs.remove(&old);

@@ -224,3 +224,15 @@ fn idle_runtimes_leave_the_compute_pool_free() {
         assert_eq!(rt.wait(id).unwrap().state, JobState::Done);
     }
 }
+
+#[test]
+fn old_results_drop_their_pictures_but_keep_their_state() {
+    let rt = start(200);
+    let ids: Vec<JobId> = (0..KEEP_OUTPUTS + 3).map(|i| rt.submit(JobSpec { steps: Some(1), ..quick(&format!("p{i}")) }).unwrap()).collect();
+    let last = *ids.last().unwrap();
+    assert_eq!(rt.wait(last).unwrap().state, JobState::Done);
+    let first = rt.status(ids[0]).unwrap();
+    assert_eq!(first.state, JobState::Done);
+    assert!(first.output.is_none(), "the oldest result should have let its pictures go");
+    assert!(rt.status(last).unwrap().output.is_some());
+}
