@@ -50,6 +50,8 @@ enum Command {
     /// Quality evaluations (prompt adherence on held-out prompts).
     #[command(subcommand)]
     Eval(commands::eval::Eval),
+    /// The gallery of made and imported images: list, search, show, export, delete, import.
+    Gallery(commands::gallery::Args),
     /// Print the recipe stored in an image.
     Info(commands::info::Args),
     /// Print a model's architecture, parameter counts and bytes per segment.
@@ -103,6 +105,7 @@ fn run_on_pool(command: Command) -> anyhow::Result<()> {
         Command::Generate(a) => commands::generate::run(a),
         Command::Edit(a) => commands::edit::run(a),
         Command::Info(a) => commands::info::run(a),
+        Command::Gallery(a) => commands::gallery::run(a),
         Command::Bench(b) => commands::bench::run(b),
         Command::Convert(a) => commands::convert::run(a),
         Command::Doctor(a) => commands::doctor::run(a),

@@ -9,6 +9,7 @@ pub mod doctor;
 pub mod edit;
 pub mod eval;
 pub mod eval_edits;
+pub mod gallery;
 pub mod generate;
 pub mod info;
 pub mod inspect;
