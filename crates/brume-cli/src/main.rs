@@ -58,6 +58,8 @@ enum Command {
     Inspect(commands::inspect::Args),
     /// Write a random-weight model of a real architecture (for speed and memory work).
     RandomModel(commands::random_model::Args),
+    /// The local image service: brume's API, A1111's and OpenAI's, and the web editor.
+    Serve(commands::serve::Args),
 }
 
 fn main() -> ExitCode {
@@ -88,6 +90,8 @@ fn main() -> ExitCode {
         // pool itself (and waits for it off the pool).
         Command::Generate(a) => commands::generate::run(a),
         Command::Edit(a) => commands::edit::run(a),
+        // The service waits on its own threads; the runtime puts jobs on the pool.
+        Command::Serve(a) => commands::serve::run(a),
         command => brume::runtime::on_compute_thread(move || run_on_pool(command)),
     };
     match result {
@@ -112,6 +116,7 @@ fn run_on_pool(command: Command) -> anyhow::Result<()> {
         Command::Eval(e) => commands::eval::run(e),
         Command::Inspect(a) => commands::inspect::run(a),
         Command::RandomModel(a) => commands::random_model::run(a),
+        Command::Serve(a) => commands::serve::run(a),
     }
 }
 

@@ -115,12 +115,14 @@ impl Server {
         let _ = self.stop.send(true);
         let rt = self.runtime.clone();
         let _ = tokio::task::spawn_blocking(move || rt.shutdown()).await;
+        tracing::debug!("runtime stopped");
         match tokio::time::timeout(Duration::from_secs(10), self.task).await {
             Ok(Ok(Ok(()))) => {}
             Ok(Ok(Err(e))) => tracing::warn!("the server stopped with an error: {e}"),
             Ok(Err(e)) => tracing::warn!("the server task failed: {e}"),
             Err(_) => tracing::warn!("open requests did not finish within 10 s; stopping anyway"),
         }
+        tracing::debug!("server stopped");
     }
 }
 

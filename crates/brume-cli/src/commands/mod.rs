@@ -16,6 +16,7 @@ pub mod inspect;
 pub mod memory;
 pub mod random_model;
 pub mod run;
+pub mod serve;
 
 use std::path::PathBuf;
 
