@@ -34,7 +34,6 @@ pub static FILES: &[EmbeddedFile] = embed!(
 /// Every word the built-in model's captions use (its shapes world: colours,
 /// shapes, sizes, positions, relations, backgrounds and the caption templates'
 /// own words), gathered from the world's caption generator so it stays in step.
-#[allow(dead_code)]
 pub fn vocabulary() -> &'static std::collections::BTreeSet<String> {
     static WORDS: std::sync::OnceLock<std::collections::BTreeSet<String>> = std::sync::OnceLock::new();
     WORDS.get_or_init(|| {
@@ -49,23 +48,29 @@ pub fn vocabulary() -> &'static std::collections::BTreeSet<String> {
                 }
             }
         }
+        // Words the caption grammar accepts that sampling may not draw.
+        for w in ["there", "is", "picture", "image", "of", "with", "corner", "tiny", "little", "big", "center", "centre", "middle", "grey", "gray", "plain"] {
+            words.insert(w.to_string());
+        }
         words
     })
 }
 
-#[allow(dead_code)]
 fn words_of(text: &str) -> impl Iterator<Item = String> + '_ {
     text.split(|c: char| !c.is_alphanumeric()).filter(|w| !w.is_empty()).map(str::to_lowercase)
 }
 
 /// A warning when a prompt for the built-in model uses words it never saw:
 /// it only knows its shapes world, so they have no effect (or a random one).
-/// For generate/edit to call when the built-in model runs.
-#[allow(dead_code)]
+/// Generate and edit call it when the built-in model runs.
 pub fn vocabulary_warning(prompt: &str) -> Option<String> {
     let known = vocabulary();
-    let mut unknown: Vec<String> = words_of(prompt).filter(|w| !known.contains(w)).collect();
-    unknown.dedup();
+    let mut unknown: Vec<String> = Vec::new();
+    for w in words_of(prompt).filter(|w| !known.contains(w)) {
+        if !unknown.contains(&w) {
+            unknown.push(w);
+        }
+    }
     if unknown.is_empty() {
         return None;
     }
@@ -88,6 +93,16 @@ mod tests {
     #[test]
     fn the_vocabulary_warning_names_unknown_words_only() {
         assert_eq!(super::vocabulary_warning("a red circle on a blue background"), None);
+        // The README's examples stay inside the vocabulary.
+        for p in [
+            "a large red circle on a blue background",
+            "a small yellow star above a large green square on a gray background",
+            "there is a big purple ring in the centre on a white striped background",
+            "a large orange triangle on the left on a black checkered background",
+            "a tiny cyan diamond in the top left corner on a plain pink background",
+        ] {
+            assert_eq!(super::vocabulary_warning(p), None, "{p}");
+        }
         let w = super::vocabulary_warning("a photo of a cat").unwrap();
         assert!(w.contains("photo") && w.contains("cat") && !w.contains("useful: a,"), "{w}");
     }

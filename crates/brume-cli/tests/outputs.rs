@@ -72,13 +72,16 @@ fn an_interrupted_convert_leaves_no_debris() {
     while hidden_entries(tmp.path()).is_empty() && start.elapsed().as_secs() < 20 {
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
-    // SAFETY: signalling our own child by its id.
-    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
-    let o = child.wait_with_output().unwrap();
-    if !o.status.success() {
-        assert!(String::from_utf8_lossy(&o.stderr).contains("cancelled"), "{}", String::from_utf8_lossy(&o.stderr));
-        assert!(!out.exists());
+    // Ctrl-C twice, as an impatient user does: the second must not skip the clean-up.
+    for _ in 0..2 {
+        // SAFETY: signalling our own child by its id.
+        unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+        std::thread::sleep(std::time::Duration::from_millis(20));
     }
+    let o = child.wait_with_output().unwrap();
+    assert!(!o.status.success(), "Ctrl-C did not stop the conversion");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("cancelled"), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(!out.exists());
     assert!(hidden_entries(tmp.path()).is_empty(), "debris: {:?}", hidden_entries(tmp.path()));
 }
 
