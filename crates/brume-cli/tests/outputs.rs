@@ -162,3 +162,35 @@ fn an_error_says_its_cause_once() {
     let e = err(&brume().args(["inspect", "--model"]).arg(&m).output().unwrap());
     assert_eq!(e.matches("EOF while parsing").count(), 1, "{e}");
 }
+
+#[test]
+fn eval_sheets_and_listings_are_checked_before_the_work() {
+    let tmp = tempfile::tempdir().unwrap();
+    for cmd in [["eval", "adherence"], ["eval", "showcase"], ["eval", "edits"]] {
+        let flag = if cmd[1] == "showcase" { "--out" } else { "--sheet" };
+        // An existing sheet, an existing listing beside it, a symlink: each refused, each kept.
+        let sheet = tmp.path().join(format!("{}.png", cmd[1]));
+        std::fs::write(&sheet, "mine").unwrap();
+        let e = err(&brume().args(cmd).arg(flag).arg(&sheet).output().unwrap());
+        assert!(e.contains("--force"), "{e}");
+        assert_eq!(std::fs::read_to_string(&sheet).unwrap(), "mine");
+        std::fs::remove_file(&sheet).unwrap();
+        let listing = sheet.with_extension("txt");
+        std::fs::write(&listing, "mine").unwrap();
+        let e = err(&brume().args(cmd).arg(flag).arg(&sheet).output().unwrap());
+        assert!(e.contains(".txt") && e.contains("--force"), "{e}");
+        assert_eq!(std::fs::read_to_string(&listing).unwrap(), "mine");
+        std::fs::remove_file(&listing).unwrap();
+        #[cfg(unix)]
+        {
+            let target = tmp.path().join("target.txt");
+            std::fs::write(&target, "precious").unwrap();
+            std::os::unix::fs::symlink(&target, &sheet).unwrap();
+            let e = err(&brume().args(cmd).arg(flag).arg(&sheet).arg("--force").output().unwrap());
+            assert!(e.contains("symbolic link"), "{e}");
+            assert_eq!(std::fs::read_to_string(&target).unwrap(), "precious");
+            std::fs::remove_file(&sheet).unwrap();
+        }
+        assert!(!sheet.exists());
+    }
+}
