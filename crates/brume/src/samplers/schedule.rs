@@ -123,10 +123,12 @@ impl ScheduleConfig {
         let num_train_timesteps = c.usize("num_train_timesteps", Some(1000))?;
         // Every schedule array is sized by it: a huge value must be an error,
         // not an allocation abort. Trained models use 1000 (a few use 2000).
-        if num_train_timesteps == 0 || num_train_timesteps > MAX_TRAIN_TIMESTEPS {
+        // At least two: samplers interpolate between neighbouring training
+        // timesteps (found by fuzzing: 1 indexed past the sigma table).
+        if !(2..=MAX_TRAIN_TIMESTEPS).contains(&num_train_timesteps) {
             return Err(c.error(
                 "num_train_timesteps",
-                format!("must be 1..={MAX_TRAIN_TIMESTEPS}, found {num_train_timesteps}"),
+                format!("must be 2..={MAX_TRAIN_TIMESTEPS}, found {num_train_timesteps}"),
             ));
         }
         let cfg = Self {
