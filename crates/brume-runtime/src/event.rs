@@ -107,6 +107,9 @@ pub struct JobOutput {
     pub seed: u64,
     /// The memory plan and its fallbacks, as the recipe records it.
     pub memory_plan: String,
+    /// What the user should know about how the request was read (a prompt cut
+    /// at the text encoder's length); also sent as [`EventKind::Notice`].
+    pub notices: Vec<String>,
 }
 
 /// What the runtime broadcasts; every event names its job and that job's client.
@@ -123,6 +126,10 @@ pub enum EventKind {
     Started,
     /// The memory plan chosen for the run, in words (the CLI prints it).
     Planned { summary: String },
+    /// Something the user should know about how the request was read (a prompt
+    /// cut at the text encoder's length). It may quote the prompt: it goes to the
+    /// job's client, never to a log.
+    Notice { message: String },
     /// A segment was loaded (text encoder, VAE encoder, UNet, VAE decoder).
     Loaded { segment: String },
     Step { step: usize, total: usize, eta_ms: Option<u64> },

@@ -243,6 +243,10 @@ impl Worker {
             batch: spec.batch,
         };
         req.validate(&model).map_err(|e| Stop::Failed(JobError::from_run(e)))?;
+        let notices = notices(&model, spec);
+        for message in &notices {
+            self.emit(job.id, EventKind::Notice { message: message.clone() });
+        }
         let plan_job = if work_image.is_some() { PlanJob::Edit } else { PlanJob::Generate };
         let planned = self.memory.plan(&model, &req, plan_job)?;
         self.emit(job.id, EventKind::Planned { summary: planned.plan.summary() });
@@ -367,7 +371,7 @@ impl Worker {
                 g.stored_as = Some(id);
             }
         }
-        Ok(JobOutput { images: generated, timings, model: model_name, unet: unet_folder, seed, memory_plan: planned.recipe_line() })
+        Ok(JobOutput { images: generated, timings, model: model_name, unet: unet_folder, seed, memory_plan: planned.recipe_line(), notices })
     }
 
     /// A step preview when the job's policy asks for one now: the first image's
@@ -408,6 +412,21 @@ struct Local {
 
 // SAFETY: see `Local`: access is handed over whole, never shared.
 unsafe impl Send for Local {}
+
+/// What the user should know about how the prompts were read.
+fn notices(model: &brume::pipelines::SdModel, spec: &JobSpec) -> Vec<String> {
+    let max = model.tokenizer.max_length();
+    let mut out = Vec::new();
+    for (what, text) in [("prompt", Some(&spec.prompt)), ("negative prompt", spec.negative_prompt.as_ref())] {
+        if let Some(cut) = text.and_then(|t| brume::pipelines::conditioning::truncated_words(&model.tokenizer, t)) {
+            out.push(format!(
+                "the {what} is longer than the text encoder's {max} tokens; this end of it was cut and has no effect: \"{}\"",
+                brume::output::escape_control(&cut)
+            ));
+        }
+    }
+    out
+}
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Mark {

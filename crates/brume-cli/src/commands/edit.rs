@@ -82,6 +82,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let spec = JobSpec { previews: g.previews(), unet: g.model.unet.clone(), ..spec };
     // Arguments and outputs are checked before the model opens or memory is planned.
     let outputs = g.outputs(spec.batch)?;
+    g.warn_about_request(&spec.prompt);
     for o in &outputs {
         for input in [Some(&image_path), mask_path.as_ref()].into_iter().flatten() {
             if brume::output::same_file(&o.path, input) {

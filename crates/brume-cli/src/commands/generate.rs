@@ -36,6 +36,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let spec = brume_runtime::JobSpec { previews: g.previews(), unet: g.model.unet.clone(), ..spec };
     // Arguments and outputs are checked before the model opens or memory is planned.
     let outputs = g.outputs(spec.batch)?;
+    g.warn_about_request(&spec.prompt);
     let report = super::memory::Report::start(g.memory.memory_report);
     let rt = g.runtime()?;
     if let Some(r) = &from {

@@ -118,6 +118,19 @@ impl GenArgs {
         }
     }
 
+    /// Warnings about the request a user needs before the work: words the
+    /// built-in model never saw, an output named as if it were not a PNG.
+    pub fn warn_about_request(&self, prompt: &str) {
+        if self.model.path().is_none() {
+            if let Some(w) = crate::builtin::vocabulary_warning(prompt) {
+                eprintln!("warning: {w}");
+            }
+        }
+        if let Some(w) = brume::output::png_extension_warning(&self.out) {
+            eprintln!("warning: {w}");
+        }
+    }
+
     /// The outputs for a batch (OUT, OUT-2, ...), checked before any work: an
     /// existing file needs --force, and what is not a regular file is never replaced.
     pub fn outputs(&self, batch: usize) -> anyhow::Result<Vec<Output>> {
@@ -229,6 +242,7 @@ pub fn run_job(rt: &Runtime, spec: JobSpec, preview: Option<Output>) -> anyhow::
         }
         match &event.kind {
             EventKind::Planned { summary } => eprintln!("{summary}"),
+            EventKind::Notice { message } => eprintln!("warning: {message}"),
             EventKind::Loaded { segment } => {
                 let m = brume::runtime::memory::read();
                 tracing::info!(

@@ -94,8 +94,10 @@ pub fn encode_prompt(
     device: &Device,
 ) -> Result<Tensor> {
     if let Some(cut) = truncated_words(&model.tokenizer, prompt) {
-        tracing::warn!(
-            "the prompt is longer than the text encoder's {} tokens; this end of it was cut and has no effect: \"{}\"",
+        // The words only at debug: a service's log must not carry prompts. Whoever
+        // runs the job tells its user (the runtime reports it as a notice).
+        tracing::debug!(
+            "the prompt is longer than the text encoder's {} tokens; this end of it was cut: \"{}\"",
             model.tokenizer.max_length(),
             crate::output::escape_control(&cut)
         );
