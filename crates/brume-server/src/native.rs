@@ -699,8 +699,12 @@ pub enum WsIn {
 #[derive(Debug, Serialize, ToSchema)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum WsReply {
+    /// A submit was queued.
     Accepted { id: String, position: usize },
+    /// A submit was refused (submits are answered in order: accepted or rejected).
     Rejected { error: ErrorBody },
+    /// Any other message could not be read or done (an unknown job to cancel or watch).
+    Error { error: ErrorBody },
 }
 
 /// A WebSocket per client: every event of the client's jobs and of the jobs it
@@ -729,7 +733,7 @@ async fn ws_session(st: AppState, client: Option<String>, mut socket: WebSocket)
                 let text = match msg {
                     Some(Ok(Message::Text(t))) => t.to_string(),
                     Some(Ok(Message::Binary(_))) => {
-                        if send_json(&mut socket, &rejected(ApiError::bad_request(None, "send JSON text messages"))).await.is_err() { return; }
+                        if send_json(&mut socket, &ws_error(ApiError::bad_request(None, "send JSON text messages"))).await.is_err() { return; }
                         continue;
                     }
                     Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return,
@@ -771,6 +775,10 @@ fn rejected(e: ApiError) -> WsReply {
     WsReply::Rejected { error: e.body().error }
 }
 
+fn ws_error(e: ApiError) -> WsReply {
+    WsReply::Error { error: e.body().error }
+}
+
 async fn send_json<T: Serialize>(socket: &mut WebSocket, v: &T) -> Result<(), axum::Error> {
     let text = serde_json::to_string(v).unwrap_or_else(|_| "{}".into());
     socket.send(Message::Text(text.into())).await
@@ -783,7 +791,7 @@ async fn send_text(socket: &mut WebSocket, text: String) -> Result<(), axum::Err
 async fn ws_message(st: &AppState, client: Option<&str>, watched: &mut HashSet<JobId>, text: &str) -> Vec<String> {
     let msg: WsIn = match parse_json(text.as_bytes()) {
         Ok(m) => m,
-        Err(e) => return vec![json(&rejected(e))],
+        Err(e) => return vec![json(&ws_error(e))],
     };
     match msg {
         WsIn::Submit { job } => {
@@ -809,21 +817,21 @@ async fn ws_message(st: &AppState, client: Option<&str>, watched: &mut HashSet<J
                 watched.insert(s.id);
                 st.runtime.cancel(s.id);
                 if s.state.is_finished() {
-                    snapshot(&s).iter().map(|v| json(v)).collect()
+                    snapshot(&s).iter().map(json).collect()
                 } else {
                     Vec::new()
                 }
             }
-            Err(e) => vec![json(&rejected(e))],
+            Err(e) => vec![json(&ws_error(e))],
         },
         WsIn::Watch { id } => match status_of(st, &id) {
             Ok(s) => {
                 if !s.state.is_finished() {
                     watched.insert(s.id);
                 }
-                snapshot(&s).iter().map(|v| json(v)).collect()
+                snapshot(&s).iter().map(json).collect()
             }
-            Err(e) => vec![json(&rejected(e))],
+            Err(e) => vec![json(&ws_error(e))],
         },
     }
 }

@@ -59,7 +59,7 @@ async fn a_txt2img_job_runs_streams_its_events_and_lands_in_the_gallery_once() {
     let res = s.post_json("/api/v1/jobs", &json!({"prompt": PROMPT, "steps": 2, "batch": 2, "preview_every": 0})).await;
     let id2 = res.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_string();
     let events = s.get(&format!("/api/v1/jobs/{id2}/events")).await.text().await.unwrap();
-    let done: Value = serde_json::from_str(events.lines().filter_map(|l| l.strip_prefix("data: ")).last().unwrap()).unwrap();
+    let done: Value = serde_json::from_str(events.lines().filter_map(|l| l.strip_prefix("data: ")).next_back().unwrap()).unwrap();
     assert_eq!(done["result"]["timings"]["text_encoder_cached"], true);
 
     // Gallery: detail, stripped export, favourite and tags, search, soft delete.
@@ -113,7 +113,7 @@ async fn multipart_edits_record_their_parent_and_the_websocket_carries_a_clients
     let res = s.post_json("/api/v1/jobs", &json!({"prompt": PROMPT, "steps": 2, "seed": 1})).await;
     let id = res.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_string();
     let ev = s.get(&format!("/api/v1/jobs/{id}/events")).await.text().await.unwrap();
-    let last: Value = serde_json::from_str(ev.lines().filter_map(|l| l.strip_prefix("data: ")).last().unwrap()).unwrap();
+    let last: Value = serde_json::from_str(ev.lines().filter_map(|l| l.strip_prefix("data: ")).next_back().unwrap()).unwrap();
     assert!(done(&last));
     let parent = last["result"]["images"][0]["gallery_id"].as_i64().unwrap();
 
@@ -129,7 +129,7 @@ async fn multipart_edits_record_their_parent_and_the_websocket_carries_a_clients
     assert_eq!(res.status(), 202, "{}", res.text().await.unwrap());
     let id = res.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_string();
     let ev = s.get(&format!("/api/v1/jobs/{id}/events")).await.text().await.unwrap();
-    let last: Value = serde_json::from_str(ev.lines().filter_map(|l| l.strip_prefix("data: ")).last().unwrap()).unwrap();
+    let last: Value = serde_json::from_str(ev.lines().filter_map(|l| l.strip_prefix("data: ")).next_back().unwrap()).unwrap();
     assert!(done(&last), "{ev}");
     let child = last["result"]["images"][0]["gallery_id"].as_i64().unwrap();
     let detail: Value = s.get(&format!("/api/v1/gallery/{child}")).await.json().await.unwrap();
