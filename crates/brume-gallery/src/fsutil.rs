@@ -28,7 +28,11 @@ pub fn private_dir(path: &Path) -> Result<()> {
         Ok(m) => {
             #[cfg(unix)]
             {
-                use std::os::unix::fs::PermissionsExt;
+                use std::os::unix::fs::{MetadataExt, PermissionsExt};
+                // SAFETY: geteuid has no preconditions.
+                if m.uid() != unsafe { libc::geteuid() } {
+                    tracing::warn!(path = %path.display(), "gallery directory belongs to another user, who can read every image");
+                }
                 if m.permissions().mode() & 0o077 != 0 {
                     tracing::warn!(path = %path.display(), "gallery directory was readable by others; setting it to 0700");
                     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700))

@@ -812,7 +812,9 @@ impl Gallery {
             return Err(GalleryError::invalid("tags", format!("{} tags, at most {MAX_TAGS}", clean.len())));
         }
         let mut conn = self.conn();
-        let tx = conn.transaction().map_err(GalleryError::db("starting a tag update"))?;
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(GalleryError::db("starting a tag update"))?;
         self.require(&tx, id)?;
         tx.execute("DELETE FROM tags WHERE image_id = ?1", [id.0])
             .map_err(GalleryError::db("clearing tags"))?;
@@ -826,7 +828,9 @@ impl Gallery {
     pub fn add_tag(&self, id: ImageId, tag: &str) -> Result<()> {
         let tag = clean_tag(tag)?;
         let mut conn = self.conn();
-        let tx = conn.transaction().map_err(GalleryError::db("starting a tag update"))?;
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(GalleryError::db("starting a tag update"))?;
         self.require(&tx, id)?;
         let count: i64 = tx
             .query_row(

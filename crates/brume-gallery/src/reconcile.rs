@@ -164,7 +164,9 @@ impl Gallery {
         }
         if !gone.is_empty() {
             let mut conn = self.conn();
-            let tx = conn.transaction().map_err(GalleryError::db("starting reconcile"))?;
+            let tx = conn
+                .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+                .map_err(GalleryError::db("starting reconcile"))?;
             for (id, sha, deleted) in &gone {
                 tx.execute("DELETE FROM images WHERE id = ?1", [id])
                     .map_err(GalleryError::db("removing a row without file"))?;

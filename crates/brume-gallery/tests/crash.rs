@@ -53,7 +53,11 @@ fn kill_9_twenty_times_loses_nothing() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("gallery");
     let exe = std::env::current_exe().unwrap();
-    let mut seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1;
+    let mut seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+        | 1;
     let mut committed = HashSet::new();
     let mut deleting = HashSet::new();
     let mut reimported = 0;
@@ -82,7 +86,10 @@ fn kill_9_twenty_times_loses_nothing() {
 
         let (g, report) = Gallery::open(&dir).unwrap_or_else(|e| panic!("round {round}: the gallery does not open: {e}"));
         assert!(report.skipped.is_none());
-        assert!(report.missing_files.is_empty(), "round {round}: committed rows lost their files: {report}");
+        assert!(
+            report.missing_files.is_empty(),
+            "round {round}: committed rows lost their files: {report}"
+        );
         assert!(report.orphaned.is_empty(), "round {round}: {report}");
         reimported += report.reimported.len();
 
@@ -91,10 +98,22 @@ fn kill_9_twenty_times_loses_nothing() {
         let mut rows = HashSet::new();
         let mut cursor = None;
         loop {
-            let page = g.list(&Query { deleted: Deleted::Include, cursor, limit: Some(500), ..Default::default() }).unwrap();
+            let page = g
+                .list(&Query {
+                    deleted: Deleted::Include,
+                    cursor,
+                    limit: Some(500),
+                    ..Default::default()
+                })
+                .unwrap();
             for item in &page.items {
                 let file = dir.join(IMAGES_DIR).join(format!("{}.png", item.sha256));
-                assert_eq!(std::fs::metadata(&file).map(|m| m.len()).ok(), Some(item.bytes), "round {round}: row {} lacks its file", item.id);
+                assert_eq!(
+                    std::fs::metadata(&file).map(|m| m.len()).ok(),
+                    Some(item.bytes),
+                    "round {round}: row {} lacks its file",
+                    item.id
+                );
                 assert!(dir.join(THUMBS_DIR).join(format!("{}.png", item.sha256)).is_file());
                 assert!(g.thumb_bytes(item.id).is_ok());
                 shas.insert(item.sha256.clone());
@@ -109,7 +128,9 @@ fn kill_9_twenty_times_loses_nothing() {
         for dir in [dir.join(IMAGES_DIR), dir.join(THUMBS_DIR)] {
             for e in std::fs::read_dir(&dir).unwrap() {
                 let name = e.unwrap().file_name().to_string_lossy().into_owned();
-                let sha = name.strip_suffix(".png").unwrap_or_else(|| panic!("round {round}: stray file {name}"));
+                let sha = name
+                    .strip_suffix(".png")
+                    .unwrap_or_else(|| panic!("round {round}: stray file {name}"));
                 assert!(shas.contains(sha), "round {round}: file {name} has no row");
             }
         }

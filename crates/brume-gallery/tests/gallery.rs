@@ -31,7 +31,12 @@ fn opens_private_migrated_and_reopens() {
     {
         use std::os::unix::fs::PermissionsExt;
         for d in [dir.clone(), dir.join(IMAGES_DIR), dir.join(THUMBS_DIR)] {
-            assert_eq!(std::fs::metadata(&d).unwrap().permissions().mode() & 0o777, 0o700, "{}", d.display());
+            assert_eq!(
+                std::fs::metadata(&d).unwrap().permissions().mode() & 0o777,
+                0o700,
+                "{}",
+                d.display()
+            );
         }
         assert_eq!(std::fs::metadata(dir.join(DB_FILE)).unwrap().permissions().mode() & 0o777, 0o600);
     }
@@ -50,7 +55,10 @@ fn opens_private_migrated_and_reopens() {
     drop(g);
 
     // A schema from a newer brume is refused, not clobbered.
-    rusqlite::Connection::open(dir.join(DB_FILE)).unwrap().pragma_update(None, "user_version", 99).unwrap();
+    rusqlite::Connection::open(dir.join(DB_FILE))
+        .unwrap()
+        .pragma_update(None, "user_version", 99)
+        .unwrap();
     assert!(matches!(Gallery::open(&dir), Err(GalleryError::TooNew { found: 99, .. })));
 
     // A data directory that is a file or a symlink is refused.
@@ -123,7 +131,15 @@ fn add_get_and_idempotent_jobs() {
     big.seed = Some(u64::MAX - 3);
     let bid = g.add(big).unwrap();
     assert_eq!(g.get(bid).unwrap().info.seed, Some(u64::MAX - 3));
-    assert_eq!(ids(&g.list(&Query { seed: Some(u64::MAX - 3), ..q() }).unwrap()), vec![bid.0]);
+    assert_eq!(
+        ids(&g
+            .list(&Query {
+                seed: Some(u64::MAX - 3),
+                ..q()
+            })
+            .unwrap()),
+        vec![bid.0]
+    );
 }
 
 #[test]
@@ -154,7 +170,15 @@ fn bad_pngs_are_refused() {
 fn pages_filters_and_search() {
     let tmp = tempfile::tempdir().unwrap();
     let (g, _) = open(tmp.path());
-    let prompts = ["a red circle", "a blue square", "a café at night", "red-car racing", "the quick brown fox", "cat in a hat", "dog"];
+    let prompts = [
+        "a red circle",
+        "a blue square",
+        "a café at night",
+        "red-car racing",
+        "the quick brown fox",
+        "cat in a hat",
+        "dog",
+    ];
     let mut all = Vec::new();
     for (i, p) in prompts.iter().enumerate() {
         let mut n = made(p, i as u64, if i % 2 == 0 { 16 } else { 24 }, 16);
@@ -169,7 +193,13 @@ fn pages_filters_and_search() {
     let mut cursor = None;
     let mut pages = 0;
     loop {
-        let page = g.list(&Query { limit: Some(3), cursor: cursor.clone(), ..q() }).unwrap();
+        let page = g
+            .list(&Query {
+                limit: Some(3),
+                cursor: cursor.clone(),
+                ..q()
+            })
+            .unwrap();
         seen.extend(ids(&page));
         pages += 1;
         match page.next_cursor {
@@ -181,21 +211,98 @@ fn pages_filters_and_search() {
     let mut expect: Vec<i64> = all.iter().map(|i| i.0).collect();
     expect.reverse();
     assert_eq!(seen, expect);
-    assert!(matches!(g.list(&Query { cursor: Some("zzz".into()), ..q() }), Err(GalleryError::Invalid { field: "cursor", .. })));
-    assert!(matches!(g.list(&Query { limit: Some(0), ..q() }), Err(GalleryError::Invalid { field: "limit", .. })));
-    assert!(g.list(&Query { limit: Some(100_000), ..q() }).is_err());
+    assert!(matches!(
+        g.list(&Query {
+            cursor: Some("zzz".into()),
+            ..q()
+        }),
+        Err(GalleryError::Invalid { field: "cursor", .. })
+    ));
+    assert!(matches!(
+        g.list(&Query { limit: Some(0), ..q() }),
+        Err(GalleryError::Invalid { field: "limit", .. })
+    ));
+    assert!(g
+        .list(&Query {
+            limit: Some(100_000),
+            ..q()
+        })
+        .is_err());
 
     // Filters.
-    assert_eq!(ids(&g.list(&Query { sampler: Some("euler".into()), ..q() }).unwrap()), vec![all[3].0]);
-    assert_eq!(ids(&g.list(&Query { model: Some("other".into()), ..q() }).unwrap()), vec![all[3].0]);
-    assert_eq!(g.list(&Query { model: Some("abcdef0123".into()), ..q() }).unwrap().items.len(), 7, "model hash matches too");
+    assert_eq!(
+        ids(&g
+            .list(&Query {
+                sampler: Some("euler".into()),
+                ..q()
+            })
+            .unwrap()),
+        vec![all[3].0]
+    );
+    assert_eq!(
+        ids(&g
+            .list(&Query {
+                model: Some("other".into()),
+                ..q()
+            })
+            .unwrap()),
+        vec![all[3].0]
+    );
+    assert_eq!(
+        g.list(&Query {
+            model: Some("abcdef0123".into()),
+            ..q()
+        })
+        .unwrap()
+        .items
+        .len(),
+        7,
+        "model hash matches too"
+    );
     assert_eq!(g.list(&Query { width: Some(24), ..q() }).unwrap().items.len(), 3);
-    assert_eq!(g.list(&Query { width: Some(16), height: Some(16), ..q() }).unwrap().items.len(), 4);
+    assert_eq!(
+        g.list(&Query {
+            width: Some(16),
+            height: Some(16),
+            ..q()
+        })
+        .unwrap()
+        .items
+        .len(),
+        4
+    );
     assert_eq!(ids(&g.list(&Query { seed: Some(4), ..q() }).unwrap()), vec![all[4].0]);
     let now = time::now_ms();
-    assert_eq!(g.list(&Query { since: Some(now - 60_000), ..q() }).unwrap().items.len(), 7);
-    assert_eq!(g.list(&Query { until: Some(now - 60_000), ..q() }).unwrap().items.len(), 0);
-    assert_eq!(g.list(&Query { since: Some(now + 60_000), ..q() }).unwrap().items.len(), 0);
+    assert_eq!(
+        g.list(&Query {
+            since: Some(now - 60_000),
+            ..q()
+        })
+        .unwrap()
+        .items
+        .len(),
+        7
+    );
+    assert_eq!(
+        g.list(&Query {
+            until: Some(now - 60_000),
+            ..q()
+        })
+        .unwrap()
+        .items
+        .len(),
+        0
+    );
+    assert_eq!(
+        g.list(&Query {
+            since: Some(now + 60_000),
+            ..q()
+        })
+        .unwrap()
+        .items
+        .len(),
+        0
+    );
 
     // Full-text search.
     let s = |text: &str| ids(&g.search(text, &q()).unwrap());
@@ -207,18 +314,54 @@ fn pages_filters_and_search() {
     assert_eq!(s("blurry").len(), 7, "negative prompts are searched");
     assert_eq!(s("nothing-like-this"), Vec::<i64>::new());
     for nasty in [
-        "\"", "\"\"", "'", "NEAR(", "NEAR(red blue", "red AND", "OR", "NOT", "*", "-red", "prompt:red", "red:", "(((", ")",
-        "'; DROP TABLE images; --", "^red", "{red}", "red + blue", "\u{0}\u{1b}[2J", "😀", "   ", "", &"x".repeat(10_000),
+        "\"",
+        "\"\"",
+        "'",
+        "NEAR(",
+        "NEAR(red blue",
+        "red AND",
+        "OR",
+        "NOT",
+        "*",
+        "-red",
+        "prompt:red",
+        "red:",
+        "(((",
+        ")",
+        "'; DROP TABLE images; --",
+        "^red",
+        "{red}",
+        "red + blue",
+        "\u{0}\u{1b}[2J",
+        "😀",
+        "   ",
+        "",
+        &"x".repeat(10_000),
         &"a ".repeat(5000),
     ] {
         let r = g.search(nasty, &q());
         assert!(r.is_ok(), "{nasty:?}: {:?}", r.err());
     }
-    assert_eq!(s("red ( \" NEAR( -"), s("red near"), "NEAR( is a word, not syntax; punctuation alone is dropped");
+    assert_eq!(
+        s("red ( \" NEAR( -"),
+        s("red near"),
+        "NEAR( is a word, not syntax; punctuation alone is dropped"
+    );
     assert_eq!(s("red ) \" *"), vec![all[3].0, all[0].0]);
     assert_eq!(s("\"red\" \"circle"), vec![all[0].0]);
     // Search combines with filters and pages.
-    assert_eq!(ids(&g.search("red", &Query { sampler: Some("ddim".into()), ..q() }).unwrap()), vec![all[0].0]);
+    assert_eq!(
+        ids(&g
+            .search(
+                "red",
+                &Query {
+                    sampler: Some("ddim".into()),
+                    ..q()
+                }
+            )
+            .unwrap()),
+        vec![all[0].0]
+    );
     let p1 = g.search("a", &Query { limit: Some(2), ..q() }).unwrap();
     assert!(p1.next_cursor.is_some());
 }
@@ -234,17 +377,51 @@ fn favourites_tags_delete_restore_purge() {
     let b2 = g.add(same).unwrap(); // same file as b
 
     g.set_favourite(a, true).unwrap();
-    assert_eq!(ids(&g.list(&Query { favourite: Some(true), ..q() }).unwrap()), vec![a.0]);
-    assert_eq!(g.list(&Query { favourite: Some(false), ..q() }).unwrap().items.len(), 2);
+    assert_eq!(
+        ids(&g
+            .list(&Query {
+                favourite: Some(true),
+                ..q()
+            })
+            .unwrap()),
+        vec![a.0]
+    );
+    assert_eq!(
+        g.list(&Query {
+            favourite: Some(false),
+            ..q()
+        })
+        .unwrap()
+        .items
+        .len(),
+        2
+    );
     assert!(g.set_favourite(ImageId(77), true).unwrap_err().is_not_found());
 
     g.set_tags(a, &["sky ".into(), "sea".into(), "sky".into()]).unwrap();
     assert_eq!(g.tags(a).unwrap(), vec!["sea", "sky"]);
     g.add_tag(b, "sky").unwrap();
     g.add_tag(b, "sky").unwrap();
-    assert_eq!(g.list(&Query { tag: Some("sky".into()), ..q() }).unwrap().items.len(), 2);
+    assert_eq!(
+        g.list(&Query {
+            tag: Some("sky".into()),
+            ..q()
+        })
+        .unwrap()
+        .items
+        .len(),
+        2
+    );
     g.remove_tag(a, "sky").unwrap();
-    assert_eq!(ids(&g.list(&Query { tag: Some("sky".into()), ..q() }).unwrap()), vec![b.0]);
+    assert_eq!(
+        ids(&g
+            .list(&Query {
+                tag: Some("sky".into()),
+                ..q()
+            })
+            .unwrap()),
+        vec![b.0]
+    );
     assert_eq!(g.get(a).unwrap().info.tags, vec!["sea"]);
     assert!(matches!(g.add_tag(a, "  "), Err(GalleryError::Invalid { field: "tag", .. })));
     assert!(matches!(g.add_tag(a, "a\u{1b}b"), Err(GalleryError::Invalid { field: "tag", .. })));
@@ -254,8 +431,25 @@ fn favourites_tags_delete_restore_purge() {
     g.delete(a).unwrap();
     assert!(g.get(a).unwrap().info.deleted);
     assert_eq!(g.list(&q()).unwrap().items.len(), 2);
-    assert_eq!(ids(&g.list(&Query { deleted: Deleted::Only, ..q() }).unwrap()), vec![a.0]);
-    assert_eq!(g.list(&Query { deleted: Deleted::Include, ..q() }).unwrap().items.len(), 3);
+    assert_eq!(
+        ids(&g
+            .list(&Query {
+                deleted: Deleted::Only,
+                ..q()
+            })
+            .unwrap()),
+        vec![a.0]
+    );
+    assert_eq!(
+        g.list(&Query {
+            deleted: Deleted::Include,
+            ..q()
+        })
+        .unwrap()
+        .items
+        .len(),
+        3
+    );
     assert!(g.search("one", &q()).unwrap().items.is_empty());
     g.restore(a).unwrap();
     assert_eq!(g.search("one", &q()).unwrap().items.len(), 1);
@@ -357,8 +551,14 @@ fn imports_brume_and_a1111_pngs() {
     assert_eq!(g.search("lighthouse", &q()).unwrap().items.len(), 2);
 
     // No metadata, garbage, and a zTXt bomb are clear errors.
-    assert!(matches!(g.import_bytes(png(1, 8, 8, None), "plain.png"), Err(GalleryError::NoRecipe(_))));
-    assert!(matches!(g.import_bytes(b"GIF89a".to_vec(), "x.gif"), Err(GalleryError::BadPng { .. })));
+    assert!(matches!(
+        g.import_bytes(png(1, 8, 8, None), "plain.png"),
+        Err(GalleryError::NoRecipe(_))
+    ));
+    assert!(matches!(
+        g.import_bytes(b"GIF89a".to_vec(), "x.gif"),
+        Err(GalleryError::BadPng { .. })
+    ));
     let bomb = a1111_png(&"A".repeat(3 << 20), true);
     assert!(bomb.len() < 64 << 10, "compressed: {}", bomb.len());
     let err = g.import_bytes(bomb, "bomb.png").unwrap_err();
@@ -385,7 +585,10 @@ fn reconcile_repairs_both_sides() {
     let unrowed = png(3, 8, 8, Some(&r));
     let unrowed_sha = {
         use sha2::Digest;
-        sha2::Sha256::digest(&unrowed).iter().map(|b| format!("{b:02x}")).collect::<String>()
+        sha2::Sha256::digest(&unrowed)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
     };
     std::fs::write(images.join(format!("{unrowed_sha}.png")), &unrowed).unwrap();
     // A file without a recipe, a temp file, a stray name, a missing and a stray thumbnail.
