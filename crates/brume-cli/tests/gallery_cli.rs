@@ -5,7 +5,13 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 fn brume(data: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_brume")).arg("gallery").arg("--data-dir").arg(data).args(args).output().unwrap()
+    Command::new(env!("CARGO_BIN_EXE_brume"))
+        .arg("gallery")
+        .arg("--data-dir")
+        .arg(data)
+        .args(args)
+        .output()
+        .unwrap()
 }
 
 fn text(o: &Output) -> String {
@@ -35,15 +41,33 @@ fn import_list_search_show_export_delete_purge() {
     let data = tmp.path().join("data");
     let a = tmp.path().join("a.png");
     let b = tmp.path().join("b.png");
-    std::fs::write(&a, a1111_png("a lighthouse in a storm\nNegative prompt: people\nSteps: 30, Sampler: Euler a, CFG scale: 7, Seed: 11, Size: 8x8, Model: sd15", 10)).unwrap();
+    std::fs::write(
+        &a,
+        a1111_png(
+            "a lighthouse in a storm\nNegative prompt: people\nSteps: 30, Sampler: Euler a, CFG scale: 7, Seed: 11, Size: 8x8, Model: sd15",
+            10,
+        ),
+    )
+    .unwrap();
     // A prompt that tries to drive the terminal (clear screen, then a bidi override).
-    std::fs::write(&b, a1111_png("evil \u{1b}[2J prompt \u{202e}gnp.exe\nSteps: 5, Sampler: DDIM, CFG scale: 3, Seed: 12, Size: 8x8", 90)).unwrap();
+    std::fs::write(
+        &b,
+        a1111_png(
+            "evil \u{1b}[2J prompt \u{202e}gnp.exe\nSteps: 5, Sampler: DDIM, CFG scale: 3, Seed: 12, Size: 8x8",
+            90,
+        ),
+    )
+    .unwrap();
     let notpng = tmp.path().join("c.txt");
     std::fs::write(&notpng, b"hello").unwrap();
 
     let o = brume(&data, &["import", a.to_str().unwrap(), b.to_str().unwrap()]);
     assert!(o.status.success(), "{}", text(&o));
-    assert!(text(&o).contains("imported") && text(&o).contains("as 1") && text(&o).contains("as 2"), "{}", text(&o));
+    assert!(
+        text(&o).contains("imported") && text(&o).contains("as 1") && text(&o).contains("as 2"),
+        "{}",
+        text(&o)
+    );
     let o = brume(&data, &["import", a.to_str().unwrap(), notpng.to_str().unwrap()]);
     assert!(!o.status.success());
     assert!(text(&o).contains("already in the gallery as 1"), "{}", text(&o));
@@ -54,7 +78,10 @@ fn import_list_search_show_export_delete_purge() {
     assert!(o.status.success(), "{out}");
     assert!(out.contains("ID") && out.contains("PROMPT"), "{out}");
     assert!(out.contains("a lighthouse in a storm"), "{out}");
-    assert!(!out.contains('\u{1b}') && !out.contains('\u{202e}'), "control characters must be escaped: {out:?}");
+    assert!(
+        !out.contains('\u{1b}') && !out.contains('\u{202e}'),
+        "control characters must be escaped: {out:?}"
+    );
     assert!(out.contains("\\u{1b}[2J") && out.contains("\\u{202e}"), "{out}");
     let newest_first = out.find("evil").unwrap() < out.find("lighthouse").unwrap();
     assert!(newest_first, "{out}");
@@ -74,9 +101,16 @@ fn import_list_search_show_export_delete_purge() {
 
     let o = brume(&data, &["show", "1"]);
     let out = text(&o);
-    assert!(out.contains("negative prompt: people") && out.contains("Steps: 30") && out.contains("seed:            11"), "{out}");
+    assert!(
+        out.contains("negative prompt: people") && out.contains("Steps: 30") && out.contains("seed:            11"),
+        "{out}"
+    );
     let o = brume(&data, &["show", "2", "--json"]);
-    assert!(o.status.success() && !text(&o).contains('\u{202e}') && !text(&o).contains('\u{1b}'), "{}", text(&o));
+    assert!(
+        o.status.success() && !text(&o).contains('\u{202e}') && !text(&o).contains('\u{1b}'),
+        "{}",
+        text(&o)
+    );
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("show --json stays valid JSON");
     assert_eq!(v["prompt"], "evil \u{1b}[2J prompt \u{202e}gnp.exe", "same values once parsed");
     let o = brume(&data, &["show", "99"]);
@@ -105,7 +139,10 @@ fn import_list_search_show_export_delete_purge() {
     assert!(o.status.success(), "{}", text(&o));
     let stripped = std::fs::read(&full).unwrap();
     assert!(!stripped.windows(10).any(|w| w == b"lighthouse"));
-    assert_eq!(image::load_from_memory(&stripped).unwrap().to_rgb8(), image::open(&a).unwrap().to_rgb8());
+    assert_eq!(
+        image::load_from_memory(&stripped).unwrap().to_rgb8(),
+        image::open(&a).unwrap().to_rgb8()
+    );
 
     // Delete, restore, delete, purge.
     let o = brume(&data, &["delete", "2"]);

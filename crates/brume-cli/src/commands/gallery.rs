@@ -131,7 +131,11 @@ impl ListArgs {
         let (width, height) = match &self.size {
             Some(s) => {
                 let (w, h) = s.split_once(['x', 'X']).context("--size: expected WIDTHxHEIGHT, e.g. 512x512")?;
-                let num = |v: &str| v.trim().parse::<u32>().with_context(|| format!("--size: {v:?} is not a number of pixels"));
+                let num = |v: &str| {
+                    v.trim()
+                        .parse::<u32>()
+                        .with_context(|| format!("--size: {v:?} is not a number of pixels"))
+                };
                 (Some(num(w)?), Some(num(h)?))
             }
             None => (None, None),
@@ -240,11 +244,25 @@ fn show(g: &Gallery, id: ImageId, json: bool) -> anyhow::Result<()> {
     }
     let i = &d.info;
     let opt = |v: Option<String>| v.map(|s| esc(&s)).unwrap_or_else(|| "-".into());
-    writeln!(out, "id:              {}{}", i.id, if i.deleted { " (deleted; brume gallery restore to undo)" } else { "" })?;
+    writeln!(
+        out,
+        "id:              {}{}",
+        i.id,
+        if i.deleted {
+            " (deleted; brume gallery restore to undo)"
+        } else {
+            ""
+        }
+    )?;
     writeln!(out, "created:         {}", i.created_at)?;
     writeln!(out, "prompt:          {}", esc(&i.prompt))?;
     writeln!(out, "negative prompt: {}", opt(i.negative_prompt.clone()))?;
-    writeln!(out, "model:           {} (hash {})", opt(i.model.clone()), opt(i.model_hash.clone()))?;
+    writeln!(
+        out,
+        "model:           {} (hash {})",
+        opt(i.model.clone()),
+        opt(i.model_hash.clone())
+    )?;
     writeln!(out, "mode:            {}", opt(i.mode.clone()))?;
     writeln!(out, "sampler:         {}", opt(i.sampler.clone()))?;
     writeln!(out, "steps:           {}", opt(i.steps.map(|v| v.to_string())))?;
@@ -252,7 +270,15 @@ fn show(g: &Gallery, id: ImageId, json: bool) -> anyhow::Result<()> {
     writeln!(out, "seed:            {}", opt(i.seed.map(|v| v.to_string())))?;
     writeln!(out, "size:            {}x{} ({} bytes)", i.width, i.height, i.bytes)?;
     writeln!(out, "favourite:       {}", if i.favourite { "yes" } else { "no" })?;
-    writeln!(out, "tags:            {}", if i.tags.is_empty() { "-".into() } else { i.tags.iter().map(|t| esc(t)).collect::<Vec<_>>().join(", ") })?;
+    writeln!(
+        out,
+        "tags:            {}",
+        if i.tags.is_empty() {
+            "-".into()
+        } else {
+            i.tags.iter().map(|t| esc(t)).collect::<Vec<_>>().join(", ")
+        }
+    )?;
     let lineage: Vec<String> = d.lineage.iter().map(|l| l.to_string()).collect();
     writeln!(out, "lineage:         {}", lineage.join(" -> "))?;
     if let Some(t) = &d.timings {
@@ -282,7 +308,10 @@ fn export(g: &Gallery, id: ImageId, out: &std::path::Path, strip: bool, force: b
         bail!("{} exists; pass --force to replace it", out.display());
     }
     // Written beside the target and renamed: a reader never sees half a PNG.
-    let dir = out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+    let dir = out
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
     let name = out.file_name().context("--out names no file")?.to_string_lossy().into_owned();
     let tmp = dir.join(format!(".{name}.brume-tmp-{}", std::process::id()));
     let write = || -> anyhow::Result<()> {
@@ -300,7 +329,12 @@ fn export(g: &Gallery, id: ImageId, out: &std::path::Path, strip: bool, force: b
         let _ = std::fs::remove_file(&tmp);
     }
     r?;
-    println!("wrote {} ({} bytes{})", out.display(), bytes.len(), if strip { ", metadata stripped" } else { ", with recipe" });
+    println!(
+        "wrote {} ({} bytes{})",
+        out.display(),
+        bytes.len(),
+        if strip { ", metadata stripped" } else { ", with recipe" }
+    );
     Ok(())
 }
 
