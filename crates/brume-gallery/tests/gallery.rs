@@ -673,3 +673,16 @@ fn default_data_dir_follows_the_environment() {
         assert!(d.is_absolute() || std::env::var_os("BRUME_DATA_DIR").is_some());
     }
 }
+
+#[test]
+fn search_text_and_terminal_escapes() {
+    use brume_gallery::{escape_for_terminal, fts_query};
+    assert_eq!(fts_query("red car").as_deref(), Some("\"red\" \"car\""));
+    assert_eq!(fts_query("say \"hi\"").as_deref(), Some("\"say\" \"\"\"hi\"\"\""));
+    assert_eq!(fts_query("cat*").as_deref(), Some("\"cat\"*"));
+    assert_eq!(fts_query("a\u{0}b").as_deref(), Some("\"a\" \"b\""));
+    assert_eq!(fts_query("( ) \" * -"), None);
+    assert_eq!(fts_query(&"w ".repeat(100)).unwrap().matches('"').count(), 64, "at most 32 words");
+    assert_eq!(escape_for_terminal("a\nb\t\u{1b}[2J\u{9b}\u{202e}x\\"), "a\\nb\\t\\u{1b}[2J\\u{9b}\\u{202e}x\\\\");
+    assert_eq!(escape_for_terminal("café 😀"), "café 😀");
+}
