@@ -14,7 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use brume_gallery::ImageId;
 use brume_runtime::{
-    CancelReason, Edit, EventKind, JobEvent, JobId, JobOutput, JobSpec, JobState, JobStatus, Lane, PreviewPolicy,
+    Edit, EventKind, JobEvent, JobId, JobOutput, JobSpec, JobState, JobStatus, Lane, PreviewPolicy,
     Priority,
 };
 use serde::{Deserialize, Serialize};
@@ -451,6 +451,8 @@ pub struct JobResult {
     pub unet: String,
     pub seed: u64,
     pub memory_plan: String,
+    /// How the request was read, for the user (a prompt cut at the text encoder's length).
+    pub notices: Vec<String>,
 }
 
 pub fn result_view(out: &JobOutput) -> JobResult {
@@ -486,6 +488,7 @@ pub fn result_view(out: &JobOutput) -> JobResult {
         unet: out.unet.clone(),
         seed: out.seed,
         memory_plan: out.memory_plan.clone(),
+        notices: out.notices.clone(),
     }
 }
 
@@ -579,7 +582,15 @@ pub enum EventView {
     Step { id: String, step: usize, total: usize, eta_ms: Option<u64> },
     /// A step preview as a PNG data URL.
     Preview { id: String, step: usize, image: String },
-    Done { id: String, result: JobResult },
+    /// `result` is left out for a job finished long ago (the runtime keeps the
+    /// pictures of its last 64 jobs; the gallery has them all).
+    Done {
+        id: String,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        result: Option<JobResult>,
+    },
+    /// How the request was read (a prompt cut at the text encoder's length); may quote the prompt.
+    Notice { id: String, message: String },
     Failed { id: String, error: ErrorBody },
     Cancelled { id: String, reason: String },
 }
@@ -599,7 +610,8 @@ pub fn event_view(e: &JobEvent) -> Option<EventView> {
         EventKind::Preview { step, png } => {
             EventView::Preview { id, step: *step, image: format!("data:image/png;base64,{}", crate::extract::encode_base64(png)) }
         }
-        EventKind::Done { output } => EventView::Done { id, result: result_view(output) },
+        EventKind::Done { output } => EventView::Done { id, result: Some(result_view(output)) },
+        EventKind::Notice { message } => EventView::Notice { id, message: message.clone() },
         EventKind::Failed { error } => {
             EventView::Failed { id, error: ErrorBody { field: error.field.map(str::to_string), message: error.message.clone() } }
         }
@@ -623,10 +635,7 @@ pub fn snapshot(s: &JobStatus) -> Vec<EventView> {
             }
             v
         }
-        JobState::Done => match s.output.as_deref() {
-            Some(o) => vec![EventView::Done { id, result: result_view(o) }],
-            None => vec![EventView::Cancelled { id, reason: CancelReason::Shutdown.name().into() }],
-        },
+        JobState::Done => vec![EventView::Done { id, result: s.output.as_deref().map(result_view) }],
         JobState::Failed(e) => {
             vec![EventView::Failed { id, error: ErrorBody { field: e.field.map(str::to_string), message: e.message.clone() } }]
         }

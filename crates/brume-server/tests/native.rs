@@ -183,3 +183,18 @@ async fn the_openapi_document_is_generated_and_the_editor_is_served() {
     assert_eq!(s.get("/assets/../Cargo.toml").await.status(), 404);
     s.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prompt_cut_at_the_text_encoders_length_is_told_to_the_client() {
+    let s = start().await;
+    let long = ["a red circle on a blue background"; 20].join(" and ");
+    let res = s.post_json("/api/v1/jobs", &json!({"prompt": long, "steps": 2, "preview_every": 0})).await;
+    let id = res.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_string();
+    let text = s.get(&format!("/api/v1/jobs/{id}/events")).await.text().await.unwrap();
+    let events: Vec<Value> = text.lines().filter_map(|l| l.strip_prefix("data: ")).map(|d| serde_json::from_str(d).unwrap()).collect();
+    assert!(events.iter().any(|e| e["type"] == "notice" && e["message"].is_string()), "{text}");
+    let done = events.last().unwrap();
+    assert_eq!(done["type"], "done");
+    assert!(!done["result"]["notices"].as_array().unwrap().is_empty());
+    s.stop().await;
+}
