@@ -40,6 +40,8 @@ sessionStorage.setItem('brume.client', clientId);
 const painter = new Painter($('canvas'), $('stage'), 128, 128);
 const history = new History($('history'), () => painter.capture(), (s) => painter.restore(s));
 const store = new DocumentStore(showError);
+store.onSaved = (version) => { document.body.dataset.savedVersion = String(version); };
+addEventListener('pagehide', () => store.flush(painter));
 const settings = new Settings();
 let parentId = null; // the gallery picture the canvas came from, if any
 

@@ -31,6 +31,8 @@ export class DocumentStore {
   constructor(onError) {
     this.onError = onError;
     this.timer = null;
+    /** Called with the document version each successful save wrote. */
+    this.onSaved = () => {};
     this.db = openDb().catch((err) => {
       onError(new Error(`the browser's storage is unavailable, the canvas will not survive a reload (${err})`));
       return null;
@@ -38,19 +40,30 @@ export class DocumentStore {
   }
 
   /** Saves `painter`'s document soon (once per burst of changes). */
-  saveSoon(painter, delay = 400) {
+  saveSoon(painter, delay = 200) {
     clearTimeout(this.timer);
     this.timer = setTimeout(() => this.save(painter), delay);
   }
 
+  /** Saves now if a save is waiting (the page is being hidden or closed). */
+  flush(painter) {
+    if (this.timer === null) return;
+    clearTimeout(this.timer);
+    this.timer = null;
+    this.save(painter);
+  }
+
   async save(painter) {
+    this.timer = null;
     const db = await this.db;
     if (!db) return;
     try {
+      const version = painter.version;
       const layers = await Promise.all(painter.layers.map((l) => toBlob(l.canvas)));
       const mask = await toBlob(painter.mask.canvas);
       const doc = { width: painter.width, height: painter.height, layers, mask, savedAt: Date.now() };
       await tx(db, 'readwrite', (s) => s.put(doc, KEY));
+      this.onSaved(version);
     } catch (err) {
       this.onError(new Error(`could not save the canvas in the browser: ${err}`));
     }

@@ -16,6 +16,8 @@ if (!base || !outDir) {
   console.error('usage: node editor.spec.mjs BASE_URL OUT_DIR [DOCS_DIR]');
   process.exit(2);
 }
+fs.mkdirSync(outDir, { recursive: true });
+if (docsDir) fs.mkdirSync(docsDir, { recursive: true });
 const BENCH = process.env.BRUME_BROWSER_BENCH === '1';
 // The built-in model learned captions that name the size (its model card), so the prompt does.
 const PROMPT = 'a large red circle on a blue background';
@@ -467,6 +469,37 @@ if (BENCH) {
     assert(await page.evaluate(() => window.brume.painter.mask.empty), 'Clear mask left a mask');
   });
 
+  await check('outpaint: the canvas grows on one side and the new strip is painted', async () => {
+    await page.getByRole('button', { name: 'Clear', exact: true }).click();
+    // Load a picture through the file picker: it becomes the Background layer.
+    await page.locator('#load').setInputFiles(path.join(outDir, 'red-disc.png'));
+    await page.waitForFunction(() => [...document.querySelectorAll('#history button')].some((b) => b.textContent === 'Load image'));
+    const w = await page.evaluate(() => window.brume.painter.width);
+    const panel = page.locator('details', { has: page.locator('#extend') });
+    if (!(await panel.evaluate((d) => d.open))) await panel.locator('summary').click();
+    await page.getByLabel('Side', { exact: true }).selectOption('right');
+    await page.getByLabel('Pixels', { exact: true }).fill('32');
+    await page.getByRole('button', { name: 'Extend canvas', exact: true }).click();
+    const size = await page.evaluate(() => [window.brume.painter.width, window.brume.painter.height, window.brume.painter.mask.empty]);
+    assert(size[0] === w + 32 && size[1] === w && !size[2], `after extending: ${JSON.stringify(size)}`);
+    const before = await pixels('canvas');
+    const mask = await pixels('mask');
+    await page.getByRole('button', { name: 'Generate', exact: true }).click();
+    await waitSettled(['full']);
+    const after = await pixels(await page.locator('#result').getAttribute('src'));
+    assert(after.length === before.length, 'the result is not the extended size');
+    let changedOutside = 0;
+    for (let i = 0; i < before.length; i += 4) {
+      if (mask[i] === 0 && (before[i] !== after[i] || before[i + 1] !== after[i + 1] || before[i + 2] !== after[i + 2])) changedOutside += 1;
+    }
+    assert(changedOutside === 0, `${changedOutside} pixels of the original picture changed`);
+    // Back to the model's size for what follows.
+    await key('Control+z');
+    await key('Control+z');
+    assert(await page.evaluate(() => window.brume.painter.width) === w, 'undo did not shrink the canvas back');
+    summary.outpaint = { width: w + 32, height: w };
+  });
+
   await check('gallery: lists, searches, reopens, favourites and deletes', async () => {
     await page.getByRole('button', { name: 'Gallery', exact: true }).click();
     const cards = page.locator('#gallery-grid li');
@@ -512,11 +545,14 @@ if (BENCH) {
 
   await check('a reload keeps the gallery and the last canvas', async () => {
     await page.getByRole('button', { name: 'Editor', exact: true }).click();
-    await page.waitForTimeout(700); // the canvas is saved 0.4 s after the last change
+    // The page says which version of the canvas it last saved.
+    await page.waitForFunction(() => document.body.dataset.savedVersion === String(window.brume.painter.version));
     const canvas = await pixels('canvas');
     await open();
     const again = await pixels('canvas');
-    assert(again.length === canvas.length && again.every((v, i) => v === canvas[i]), 'the canvas changed across the reload');
+    const differ = again.length === canvas.length ? again.filter((v, i) => v !== canvas[i]).length : -1;
+    const maxDiff = again.length === canvas.length ? Math.max(0, ...again.map((v, i) => Math.abs(v - canvas[i]))) : -1;
+    assert(differ === 0, `the canvas changed across the reload: ${differ} values differ (at most by ${maxDiff}), sizes ${canvas.length} -> ${again.length}`);
     await page.getByRole('button', { name: 'Gallery', exact: true }).click();
     await page.locator('#gallery-grid li').first().waitFor();
     await page.waitForFunction(() => document.getElementById('gallery-more').textContent !== 'Loading…');
