@@ -216,6 +216,7 @@ async fn generate(st: AppState, raw: Value, img2img: bool) -> Result<Json<Value>
     st.a1111.interrupted.store(false, Ordering::SeqCst);
     st.a1111.skipped.store(false, Ordering::SeqCst);
     let status = run_to_end(&st, spec, rename).await?;
+    let served = status.output.as_ref().map(|o| o.model.clone()).unwrap_or_default();
     let info_of = |images: &[brume_runtime::GeneratedImage]| -> Value {
         let Some(first) = images.first() else {
             return json!({ "interrupted": true, "all_prompts": [], "all_seeds": [], "infotexts": [] });
@@ -223,7 +224,6 @@ async fn generate(st: AppState, raw: Value, img2img: bool) -> Result<Json<Value>
         let r = &first.recipe;
         let n = images.len();
         let infotexts: Vec<String> = images.iter().map(|i| i.recipe.parameters_text()).collect();
-        let model = st.runtime.models().iter().find(|m| m.hash == r.model_hash);
         json!({
             "prompt": r.prompt,
             "all_prompts": vec![r.prompt.clone(); n],
@@ -241,7 +241,7 @@ async fn generate(st: AppState, raw: Value, img2img: bool) -> Result<Json<Value>
             "steps": r.steps,
             "batch_size": n,
             "restore_faces": false,
-            "sd_model_name": model.map(|m| m.name.clone()).unwrap_or_else(|| r.model_name.clone()),
+            "sd_model_name": served,
             "sd_model_hash": r.model_hash,
             "seed_resize_from_w": -1,
             "seed_resize_from_h": -1,

@@ -10,13 +10,16 @@ use serde_json::{json, Value};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a1111_clients_read_models_switch_generate_poll_and_interrupt() {
-    let s = start().await;
+    // Two names for the built-in model, to see the switch take effect.
+    let s = start_with(|c| c.models.push(brume_runtime::ModelEntry { name: "second".into(), ..builtin() })).await;
     // What SillyTavern / Open WebUI read first.
     let opts: Value = s.get("/sdapi/v1/options").await.json().await.unwrap();
     let title = opts["sd_model_checkpoint"].as_str().unwrap().to_string();
     assert!(title.starts_with("builtin ["), "{title}");
     let models: Value = s.get("/sdapi/v1/sd-models").await.json().await.unwrap();
     assert_eq!(models[0]["title"], title);
+    assert_eq!(models.as_array().unwrap().len(), 2);
+    let second = models[1]["title"].as_str().unwrap().to_string();
     assert_eq!(models[0]["model_name"], "builtin");
     assert_eq!(models[0]["hash"].as_str().unwrap().len(), 10);
     let samplers: Value = s.get("/sdapi/v1/samplers").await.json().await.unwrap();
@@ -34,6 +37,15 @@ async fn a1111_clients_read_models_switch_generate_poll_and_interrupt() {
     assert_eq!(bad.status(), 422);
     assert_eq!(bad.json::<Value>().await.unwrap()["error"]["field"], "sd_model_checkpoint");
 
+    // The switch takes effect for later requests, and options report it.
+    assert_eq!(s.post_json("/sdapi/v1/options", &json!({"sd_model_checkpoint": second})).await.status(), 200);
+    let opts: Value = s.get("/sdapi/v1/options").await.json().await.unwrap();
+    assert_eq!(opts["sd_model_checkpoint"], second.as_str());
+    let body: Value = s.post_json("/sdapi/v1/txt2img", &json!({"prompt": PROMPT, "steps": 2})).await.json().await.unwrap();
+    let info: Value = serde_json::from_str(body["info"].as_str().unwrap()).unwrap();
+    assert_eq!(info["sd_model_name"], "second");
+    assert_eq!(s.post_json("/sdapi/v1/options", &json!({"sd_model_checkpoint": "builtin"})).await.status(), 200);
+
     // txt2img as SillyTavern sends it (many fields brume ignores).
     let req = json!({
         "prompt": PROMPT, "negative_prompt": "blurry", "sampler_name": "DPM++ 2M", "scheduler": "Karras",
@@ -49,6 +61,7 @@ async fn a1111_clients_read_models_switch_generate_poll_and_interrupt() {
     assert_eq!(body["parameters"]["prompt"], PROMPT);
     let info: Value = serde_json::from_str(body["info"].as_str().unwrap()).unwrap();
     assert_eq!(info["sampler_name"], "DPM++ 2M Karras");
+    assert_eq!(info["sd_model_name"], "builtin");
     assert_eq!(info["all_seeds"].as_array().unwrap().len(), 2);
     assert_eq!(info["infotexts"].as_array().unwrap().len(), 2);
     let images = body["images"].as_array().unwrap();
