@@ -40,6 +40,11 @@ pub struct ServeArgs {
     /// Concurrent clients in the load run.
     #[arg(long, default_value_t = 16)]
     clients: usize,
+    /// Warm-up requests before the RSS baseline (default: twice the clients, at least 20).
+    /// The runtime keeps the last 512 finished jobs' states and 64 results, so a
+    /// warm-up past 512 measures growth beyond those bounded windows.
+    #[arg(long)]
+    warmup: Option<usize>,
     /// Steps of the generating requests in the load run (cancelled jobs run 12x as many).
     #[arg(long, default_value_t = 2)]
     steps: usize,
@@ -512,6 +517,11 @@ fn run_clients(ctx: &Arc<Ctx>, n: usize, clients: usize, tag: &str) -> Vec<Outco
     Arc::try_unwrap(out).map(|m| m.into_inner().unwrap_or_default()).unwrap_or_default()
 }
 
+fn rss_of(pid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    s.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
 fn percentile(v: &[f64], p: f64) -> f64 {
     if v.is_empty() {
         return f64::NAN;
@@ -542,16 +552,33 @@ fn load(a: &ServeArgs, child: &ServeChild) -> anyhow::Result<Vec<String>> {
     let mut failures = Vec::new();
 
     // Warm-up: every kind, at the same concurrency, so pools and caches settle.
-    let warm_n = (a.clients * 2).max(20).min(a.requests.max(20));
+    let warm_n = a.warmup.unwrap_or((a.clients * 2).max(20).min(a.requests.max(20)));
     let t = Instant::now();
     let warm = run_clients(&ctx, warm_n, a.clients, "bench-warmup");
     std::thread::sleep(Duration::from_millis(500));
     let rss_warm = child.rss_kib().unwrap_or(0);
     println!("warm-up: {warm_n} requests in {:.1} s; server RSS {:.1} MiB", t.elapsed().as_secs_f64(), rss_warm as f64 / 1024.0);
 
+    // RSS over the run (a bounded cache levels off; a leak keeps climbing).
+    let sampling = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let sampler = {
+        let (sampling, pid) = (sampling.clone(), child.pid());
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            while sampling.load(Ordering::SeqCst) {
+                if let Some(kib) = rss_of(pid) {
+                    v.push(kib);
+                }
+                std::thread::sleep(Duration::from_millis(250));
+            }
+            v
+        })
+    };
     let t = Instant::now();
     let outcomes = run_clients(&ctx, a.requests, a.clients, "bench-load");
     let wall = t.elapsed().as_secs_f64();
+    sampling.store(false, Ordering::SeqCst);
+    let samples = sampler.join().unwrap_or_default();
     std::thread::sleep(Duration::from_millis(500));
     let rss_end = child.rss_kib().unwrap_or(0);
 
@@ -596,6 +623,17 @@ fn load(a: &ServeArgs, child: &ServeChild) -> anyhow::Result<Vec<String>> {
     println!("cancel half-way ended: {states:?}");
     let growth = if rss_warm > 0 { (rss_end as f64 - rss_warm as f64) / rss_warm as f64 * 100.0 } else { f64::NAN };
     println!("server RSS: after warm-up {:.1} MiB, at the end {:.1} MiB ({growth:+.1} %)", rss_warm as f64 / 1024.0, rss_end as f64 / 1024.0);
+    if !samples.is_empty() {
+        let at = |f: f64| samples[((samples.len() - 1) as f64 * f) as usize] as f64 / 1024.0;
+        println!(
+            "server RSS during the load (MiB) at 0/25/50/75/100 % of its time: {:.1} / {:.1} / {:.1} / {:.1} / {:.1}",
+            at(0.0),
+            at(0.25),
+            at(0.5),
+            at(0.75),
+            at(1.0)
+        );
+    }
 
     // ---- checks
     for o in outcomes.iter().chain(warm.iter()) {
@@ -655,6 +693,23 @@ fn check_gallery<'a>(addr: SocketAddr, outcomes: impl Iterator<Item = &'a Outcom
 
 // ---------------------------------------------------------------- latency
 
+/// Waits for a library job from a compute-pool thread (bench commands run on
+/// one) while working on the pool's tasks: a plain blocking wait would take
+/// one of the pool's threads away from the job it waits for (half of a
+/// 2-core machine), making the library side look slower than it is.
+fn wait_helping(rt: &brume_runtime::Runtime, id: brume_runtime::JobId) -> Option<brume_runtime::JobStatus> {
+    loop {
+        let s = rt.status(id)?;
+        if s.state.is_finished() {
+            return Some(s);
+        }
+        match rayon::yield_now() {
+            Some(rayon::Yield::Executed) => {}
+            _ => std::thread::sleep(Duration::from_micros(100)),
+        }
+    }
+}
+
 fn latency(a: &ServeArgs, child: &ServeChild) -> anyhow::Result<Vec<String>> {
     use brume_runtime::{JobSpec, PreviewPolicy, Runtime, RuntimeConfig};
     let prompt = "a red circle on a blue background";
@@ -666,7 +721,7 @@ fn latency(a: &ServeArgs, child: &ServeChild) -> anyhow::Result<Vec<String>> {
         let spec = JobSpec { steps, seed: Some(seed), width: Some(size), height: Some(size), previews: PreviewPolicy::OFF, ..JobSpec::txt2img(prompt) };
         let t = Instant::now();
         let id = rt.submit(spec).context("library submit")?;
-        let s = rt.wait(id).context("library job forgotten")?;
+        let s = wait_helping(&rt, id).context("library job forgotten")?;
         let ms = t.elapsed().as_secs_f64() * 1000.0;
         let out = s.output.context("library job gave no result")?;
         Ok((ms, out.timings.text_encoder_cached))

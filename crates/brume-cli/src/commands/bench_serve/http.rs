@@ -81,7 +81,9 @@ pub fn raw(addr: SocketAddr, bytes: &[u8], timeout: Duration) -> io::Result<Resp
     // leaving and drops the request (a synchronous job would be cancelled).
     let written = s.write_all(bytes).and_then(|_| s.flush());
     let mut reader = BufReader::new(s);
-    match read_response(&mut reader) {
+    // A HEAD answer has a Content-Length but no body.
+    let head = bytes.starts_with(b"HEAD ");
+    match read_response(&mut reader, head) {
         Ok(r) => Ok(r),
         Err(e) => Err(written.err().unwrap_or(e)),
     }
@@ -146,8 +148,11 @@ fn read_chunk<R: BufRead>(r: &mut R) -> io::Result<Option<Vec<u8>>> {
     Ok(Some(buf))
 }
 
-fn read_response<R: BufRead>(r: &mut R) -> io::Result<Response> {
+fn read_response<R: BufRead>(r: &mut R, head: bool) -> io::Result<Response> {
     let (status, headers) = read_head(r)?;
+    if head {
+        return Ok(Response { status, headers, body: Vec::new() });
+    }
     let get = |n: &str| headers.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone());
     let mut body = Vec::new();
     if get("transfer-encoding").is_some_and(|t| t.to_ascii_lowercase().contains("chunked")) {
