@@ -92,7 +92,12 @@ fn resolve_model(st: &AppState, wanted: &str) -> Option<String> {
     st.runtime
         .models()
         .iter()
-        .find(|m| m.name == w || model_title(&m.name, &m.hash) == w || m.hash == w || w.strip_suffix(&format!(" [{}]", m.hash)) == Some(m.name.as_str()))
+        .find(|m| {
+            m.name == w
+                || model_title(&m.name, &m.hash) == w
+                || m.hash == w
+                || w.strip_suffix(&format!(" [{}]", m.hash)) == Some(m.name.as_str())
+        })
         .map(|m| m.name.clone())
 }
 
@@ -104,13 +109,30 @@ fn sampler(req: &Request) -> Result<Option<SamplerKind>, ApiError> {
         _ => return Ok(None),
     };
     let kind = parse_sampler(name).ok_or_else(|| sampler_error(field, name))?;
-    match req.scheduler.as_deref().map(str::trim).map(str::to_ascii_lowercase).as_deref() {
+    match req
+        .scheduler
+        .as_deref()
+        .map(str::trim)
+        .map(str::to_ascii_lowercase)
+        .as_deref()
+    {
         None | Some("") | Some("automatic") => Ok(Some(kind)),
         Some("karras") => match kind {
-            SamplerKind::DpmPP2M | SamplerKind::DpmPP2MKarras => Ok(Some(SamplerKind::DpmPP2MKarras)),
-            other => Err(ApiError::invalid("scheduler", format!("brume offers Karras sigmas only with DPM++ 2M, not {}", label(other)))),
+            SamplerKind::DpmPP2M | SamplerKind::DpmPP2MKarras => {
+                Ok(Some(SamplerKind::DpmPP2MKarras))
+            }
+            other => Err(ApiError::invalid(
+                "scheduler",
+                format!(
+                    "brume offers Karras sigmas only with DPM++ 2M, not {}",
+                    label(other)
+                ),
+            )),
         },
-        Some(other) => Err(ApiError::invalid("scheduler", format!("`{other}` is not offered (brume has: Automatic, Karras)"))),
+        Some(other) => Err(ApiError::invalid(
+            "scheduler",
+            format!("`{other}` is not offered (brume has: Automatic, Karras)"),
+        )),
     }
 }
 
@@ -124,7 +146,10 @@ async fn build(st: &AppState, raw: &Value, img2img: bool) -> Result<JobSpec, Api
     spec.seed = match &req.seed {
         None => None,
         Some(n) if n.as_i64().is_some_and(|v| v < 0) => None,
-        Some(n) => Some(n.as_u64().ok_or_else(|| ApiError::invalid("seed", "must be a whole number (-1: random)"))?),
+        Some(n) => Some(
+            n.as_u64()
+                .ok_or_else(|| ApiError::invalid("seed", "must be a whole number (-1: random)"))?,
+        ),
     };
     spec.steps = req.steps;
     spec.guidance = req.cfg_scale;
@@ -132,26 +157,44 @@ async fn build(st: &AppState, raw: &Value, img2img: bool) -> Result<JobSpec, Api
     spec.eta = req.eta.unwrap_or(0.0);
     let overrides = req.override_settings.clone().unwrap_or_default();
     let clip = match overrides.get("CLIP_stop_at_last_layers") {
-        Some(v) if !v.is_null() => Some(v.as_u64().ok_or_else(|| ApiError::invalid("override_settings.CLIP_stop_at_last_layers", "must be a whole number"))? as usize),
+        Some(v) if !v.is_null() => Some(v.as_u64().ok_or_else(|| {
+            ApiError::invalid(
+                "override_settings.CLIP_stop_at_last_layers",
+                "must be a whole number",
+            )
+        })? as usize),
         _ => req.clip_skip,
     };
     spec.clip_skip = clip.unwrap_or(1).saturating_sub(1);
     let batch = req.batch_size.unwrap_or(1);
     let iters = req.n_iter.unwrap_or(1);
     if batch == 0 || iters == 0 {
-        return Err(ApiError::invalid(if batch == 0 { "batch_size" } else { "n_iter" }, "must be at least 1"));
+        return Err(ApiError::invalid(
+            if batch == 0 { "batch_size" } else { "n_iter" },
+            "must be at least 1",
+        ));
     }
     // One runtime job: n_iter batches of batch_size are one batch of the product.
     spec.batch = batch.saturating_mul(iters);
-    spec.model = Some(match overrides.get("sd_model_checkpoint").and_then(Value::as_str) {
-        Some(m) => resolve_model(st, m).ok_or_else(|| ApiError::invalid("override_settings.sd_model_checkpoint", format!("no model `{}`", crate::respond::clip(m, 80))))?,
-        None => st.a1111.current_model(),
-    });
+    spec.model = Some(
+        match overrides.get("sd_model_checkpoint").and_then(Value::as_str) {
+            Some(m) => resolve_model(st, m).ok_or_else(|| {
+                ApiError::invalid(
+                    "override_settings.sd_model_checkpoint",
+                    format!("no model `{}`", crate::respond::clip(m, 80)),
+                )
+            })?,
+            None => st.a1111.current_model(),
+        },
+    );
     spec.previews = PreviewPolicy::default();
     if img2img {
         let images = req.init_images.as_deref().unwrap_or_default();
-        let first = images.first().ok_or_else(|| ApiError::invalid("init_images", "img2img needs one picture in init_images"))?;
-        let mut image = decode_image(decode_base64("init_images[0]", first)?, "init_images[0]").await?;
+        let first = images.first().ok_or_else(|| {
+            ApiError::invalid("init_images", "img2img needs one picture in init_images")
+        })?;
+        let mut image =
+            decode_image(decode_base64("init_images[0]", first)?, "init_images[0]").await?;
         let size = match (req.width, req.height) {
             (Some(w), Some(h)) if (w as u32, h as u32) != image.size() => Some((w, h)),
             _ => None,
@@ -159,7 +202,12 @@ async fn build(st: &AppState, raw: &Value, img2img: bool) -> Result<JobSpec, Api
         if let Some((w, h)) = size {
             check_side(st, "width", w)?;
             check_side(st, "height", h)?;
-            image = resized(&image, w as u32, h as u32, image::imageops::FilterType::Lanczos3);
+            image = resized(
+                &image,
+                w as u32,
+                h as u32,
+                image::imageops::FilterType::Lanczos3,
+            );
         }
         let strength = req.denoising_strength;
         spec.edit = match req.mask.as_deref().filter(|m| !m.is_empty()) {
@@ -167,28 +215,51 @@ async fn build(st: &AppState, raw: &Value, img2img: bool) -> Result<JobSpec, Api
             Some(m) => {
                 let mut mask = decode_image(decode_base64("mask", m)?, "mask").await?;
                 if let Some((w, h)) = size {
-                    mask = resized(&mask, w as u32, h as u32, image::imageops::FilterType::Nearest);
+                    mask = resized(
+                        &mask,
+                        w as u32,
+                        h as u32,
+                        image::imageops::FilterType::Nearest,
+                    );
                 }
                 let invert = match &req.inpainting_mask_invert {
                     None | Some(Value::Null) => false,
                     Some(Value::Bool(b)) => *b,
                     Some(Value::Number(n)) if n.as_u64() == Some(0) => false,
                     Some(Value::Number(n)) if n.as_u64() == Some(1) => true,
-                    Some(_) => return Err(ApiError::invalid("inpainting_mask_invert", "must be 0 or 1")),
+                    Some(_) => {
+                        return Err(ApiError::invalid(
+                            "inpainting_mask_invert",
+                            "must be 0 or 1",
+                        ))
+                    }
                 };
                 if invert {
                     let mut luma = mask.image.to_luma8();
                     image::imageops::invert(&mut luma);
-                    mask = InputImage { image: std::sync::Arc::new(image::DynamicImage::ImageLuma8(luma)), source: mask.source.clone() };
+                    mask = InputImage {
+                        image: std::sync::Arc::new(image::DynamicImage::ImageLuma8(luma)),
+                        source: mask.source.clone(),
+                    };
                 }
                 let feather = match req.mask_blur {
                     None => 4,
                     Some(b) if b.is_finite() && b >= 0.0 => b.round() as usize,
-                    Some(_) => return Err(ApiError::invalid("mask_blur", "must be a number of pixels ≥ 0")),
+                    Some(_) => {
+                        return Err(ApiError::invalid(
+                            "mask_blur",
+                            "must be a number of pixels ≥ 0",
+                        ))
+                    }
                 };
                 // inpainting_fill (what fills the masked area before denoising) is ignored:
                 // brume's inpainting starts from the picture's own latents with fresh noise.
-                Edit::Inpaint { image, mask, strength, feather }
+                Edit::Inpaint {
+                    image,
+                    mask,
+                    strength,
+                    feather,
+                }
             }
         };
     } else {
@@ -201,13 +272,19 @@ async fn build(st: &AppState, raw: &Value, img2img: bool) -> Result<JobSpec, Api
 fn check_side(st: &AppState, field: &str, v: usize) -> Result<(), ApiError> {
     let l = st.runtime.limits();
     if v < l.min_side || v > l.max_side {
-        return Err(ApiError::invalid(field, format!("must be in {}..={}, got {v}", l.min_side, l.max_side)));
+        return Err(ApiError::invalid(
+            field,
+            format!("must be in {}..={}, got {v}", l.min_side, l.max_side),
+        ));
     }
     Ok(())
 }
 
 fn resized(img: &InputImage, w: u32, h: u32, filter: image::imageops::FilterType) -> InputImage {
-    InputImage { image: std::sync::Arc::new(img.image.resize_exact(w, h, filter)), source: img.source.clone() }
+    InputImage {
+        image: std::sync::Arc::new(img.image.resize_exact(w, h, filter)),
+        source: img.source.clone(),
+    }
 }
 
 /// Runs a request and answers like A1111.
@@ -216,7 +293,11 @@ async fn generate(st: AppState, raw: Value, img2img: bool) -> Result<Json<Value>
     st.a1111.interrupted.store(false, Ordering::SeqCst);
     st.a1111.skipped.store(false, Ordering::SeqCst);
     let status = run_to_end(&st, spec, rename).await?;
-    let served = status.output.as_ref().map(|o| o.model.clone()).unwrap_or_default();
+    let served = status
+        .output
+        .as_ref()
+        .map(|o| o.model.clone())
+        .unwrap_or_default();
     let info_of = |images: &[brume_runtime::GeneratedImage]| -> Value {
         let Some(first) = images.first() else {
             return json!({ "interrupted": true, "all_prompts": [], "all_seeds": [], "infotexts": [] });
@@ -257,33 +338,78 @@ async fn generate(st: AppState, raw: Value, img2img: bool) -> Result<Json<Value>
         })
     };
     let (images, info) = match (&status.state, &status.output) {
-        (JobState::Done, Some(out)) => (out.images.iter().map(|i| encode_base64(&i.png)).collect::<Vec<_>>(), info_of(&out.images)),
+        (JobState::Done, Some(out)) => (
+            out.images
+                .iter()
+                .map(|i| encode_base64(&i.png))
+                .collect::<Vec<_>>(),
+            info_of(&out.images),
+        ),
         // Interrupted or skipped: A1111 answers with what it has; brume has no picture yet.
         _ => (Vec::new(), info_of(&[])),
     };
-    Ok(Json(json!({ "images": images, "parameters": raw, "info": info.to_string() })))
+    Ok(Json(
+        json!({ "images": images, "parameters": raw, "info": info.to_string() }),
+    ))
 }
 
-pub async fn txt2img(State(st): State<AppState>, ApiJson(raw): ApiJson<Value>) -> Result<Json<Value>, ApiError> {
+pub async fn txt2img(
+    State(st): State<AppState>,
+    ApiJson(raw): ApiJson<Value>,
+) -> Result<Json<Value>, ApiError> {
     generate(st, raw, false).await
 }
 
-pub async fn img2img(State(st): State<AppState>, ApiJson(raw): ApiJson<Value>) -> Result<Json<Value>, ApiError> {
+pub async fn img2img(
+    State(st): State<AppState>,
+    ApiJson(raw): ApiJson<Value>,
+) -> Result<Json<Value>, ApiError> {
     generate(st, raw, true).await
 }
 
-pub async fn progress(State(st): State<AppState>, Query(q): Query<std::collections::HashMap<String, String>>) -> Json<Value> {
-    let skip_image = matches!(q.get("skip_current_image").map(|s| s.to_ascii_lowercase()).as_deref(), Some("true" | "1"));
+pub async fn progress(
+    State(st): State<AppState>,
+    Query(q): Query<std::collections::HashMap<String, String>>,
+) -> Json<Value> {
+    let skip_image = matches!(
+        q.get("skip_current_image")
+            .map(|s| s.to_ascii_lowercase())
+            .as_deref(),
+        Some("true" | "1")
+    );
     let queue = st.runtime.queue();
     let running = st.runtime.running();
     let job_count = queue.queued + usize::from(queue.running.is_some());
     let (progress, eta, step, steps, textinfo, image) = match &running {
         Some(s) => match s.state {
-            JobState::Running { step, total, eta_ms } => {
-                let p = if total > 0 { step as f64 / total as f64 } else { 0.0 };
-                let img = if skip_image { None } else { s.preview.as_ref().map(|png| encode_base64(png)) };
-                let text = if total > 0 { format!("Sampling step {step}/{total}") } else { "Loading".to_string() };
-                (p, eta_ms.map(|e| e as f64 / 1000.0).unwrap_or(0.0), step, total, Some(text), img)
+            JobState::Running {
+                step,
+                total,
+                eta_ms,
+            } => {
+                let p = if total > 0 {
+                    step as f64 / total as f64
+                } else {
+                    0.0
+                };
+                let img = if skip_image {
+                    None
+                } else {
+                    s.preview.as_ref().map(|png| encode_base64(png))
+                };
+                let text = if total > 0 {
+                    format!("Sampling step {step}/{total}")
+                } else {
+                    "Loading".to_string()
+                };
+                (
+                    p,
+                    eta_ms.map(|e| e as f64 / 1000.0).unwrap_or(0.0),
+                    step,
+                    total,
+                    Some(text),
+                    img,
+                )
             }
             _ => (0.0, 0.0, 0, 0, None, None),
         },
@@ -324,7 +450,12 @@ pub async fn skip(State(st): State<AppState>) -> Json<Value> {
 }
 
 pub async fn get_options(State(st): State<AppState>) -> Json<Value> {
-    let mut map = st.a1111.options.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let mut map = st
+        .a1111
+        .options
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
     let current = st.a1111.current_model();
     let info = st.runtime.models().iter().find(|m| m.name == current);
     for (k, v) in [
@@ -335,23 +466,48 @@ pub async fn get_options(State(st): State<AppState>) -> Json<Value> {
     ] {
         map.entry(k.to_string()).or_insert(v);
     }
-    map.insert("sd_model_checkpoint".into(), json!(info.map(|m| model_title(&m.name, &m.hash)).unwrap_or(current.clone())));
-    map.insert("sd_checkpoint_hash".into(), json!(info.map(|m| m.hash.clone())));
+    map.insert(
+        "sd_model_checkpoint".into(),
+        json!(info
+            .map(|m| model_title(&m.name, &m.hash))
+            .unwrap_or(current.clone())),
+    );
+    map.insert(
+        "sd_checkpoint_hash".into(),
+        json!(info.map(|m| m.hash.clone())),
+    );
     Json(Value::Object(map))
 }
 
 const MAX_OPTIONS: usize = 256;
 
-pub async fn set_options(State(st): State<AppState>, ApiJson(raw): ApiJson<Value>) -> Result<Json<Value>, ApiError> {
+pub async fn set_options(
+    State(st): State<AppState>,
+    ApiJson(raw): ApiJson<Value>,
+) -> Result<Json<Value>, ApiError> {
     let Value::Object(map) = raw else {
         return Err(ApiError::bad_request(None, "send a JSON object of options"));
     };
     let mut model = None;
     if let Some(v) = map.get("sd_model_checkpoint") {
-        let name = v.as_str().ok_or_else(|| ApiError::invalid("sd_model_checkpoint", "must be a model title or name"))?;
+        let name = v.as_str().ok_or_else(|| {
+            ApiError::invalid("sd_model_checkpoint", "must be a model title or name")
+        })?;
         model = Some(resolve_model(&st, name).ok_or_else(|| {
-            let known: Vec<String> = st.runtime.models().iter().map(|m| model_title(&m.name, &m.hash)).collect();
-            ApiError::invalid("sd_model_checkpoint", format!("no model `{}` (serving: {})", crate::respond::clip(name, 80), known.join(", ")))
+            let known: Vec<String> = st
+                .runtime
+                .models()
+                .iter()
+                .map(|m| model_title(&m.name, &m.hash))
+                .collect();
+            ApiError::invalid(
+                "sd_model_checkpoint",
+                format!(
+                    "no model `{}` (serving: {})",
+                    crate::respond::clip(name, 80),
+                    known.join(", ")
+                ),
+            )
         })?);
     }
     {
@@ -361,7 +517,10 @@ pub async fn set_options(State(st): State<AppState>, ApiJson(raw): ApiJson<Value
                 continue;
             }
             if opts.len() >= MAX_OPTIONS && !opts.contains_key(&k) {
-                return Err(ApiError::invalid("options", format!("at most {MAX_OPTIONS} options are kept")));
+                return Err(ApiError::invalid(
+                    "options",
+                    format!("at most {MAX_OPTIONS} options are kept"),
+                ));
             }
             // Kept only to be read back: brume uses none of them.
             opts.insert(k, v);
@@ -436,20 +595,32 @@ pub async fn png_info(ApiJson(raw): ApiJson<Value>) -> Result<Json<Value>, ApiEr
                 // JPEG/WebP: A1111 reads EXIF; brume writes its recipe only into PNGs.
                 return Ok(json!({ "info": "", "items": {}, "parameters": {} }));
             }
-            return Err(ApiError::invalid("image", "is not a picture (PNG, JPEG or WebP)"));
+            return Err(ApiError::invalid(
+                "image",
+                "is not a picture (PNG, JPEG or WebP)",
+            ));
         }
-        let chunks = brume_gallery::pngmeta::chunks(&bytes, "image").map_err(|e| ApiError::invalid("image", e.to_string()))?;
-        let texts = brume_gallery::pngmeta::text_chunks(&chunks, "image").map_err(|e| ApiError::invalid("image", e.to_string()))?;
+        let chunks = brume_gallery::pngmeta::chunks(&bytes, "image")
+            .map_err(|e| ApiError::invalid("image", e.to_string()))?;
+        let texts = brume_gallery::pngmeta::text_chunks(&chunks, "image")
+            .map_err(|e| ApiError::invalid("image", e.to_string()))?;
         let mut items = Map::new();
         for (k, v) in &texts {
             items.insert(k.clone(), json!(v));
         }
-        let info = texts.iter().find(|(k, _)| k == brume::pipelines::recipe::PARAMETERS_KEY).map(|(_, v)| v.clone()).unwrap_or_default();
+        let info = texts
+            .iter()
+            .find(|(k, _)| k == brume::pipelines::recipe::PARAMETERS_KEY)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default();
         let parsed = brume_gallery::a1111::parse(&info);
         let mut params = Map::new();
         if !info.is_empty() {
             params.insert("Prompt".into(), json!(parsed.prompt));
-            params.insert("Negative prompt".into(), json!(parsed.negative_prompt.clone().unwrap_or_default()));
+            params.insert(
+                "Negative prompt".into(),
+                json!(parsed.negative_prompt.clone().unwrap_or_default()),
+            );
             for (k, v) in &parsed.settings {
                 params.insert(k.clone(), json!(v));
             }

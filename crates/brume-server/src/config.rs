@@ -54,7 +54,9 @@ impl ServerConfig {
     pub fn check(&self) -> Result<(), crate::ServeError> {
         if let Some(t) = &self.token {
             if t.is_empty() || t.chars().any(|c| c.is_control() || c.is_whitespace()) {
-                return Err(crate::ServeError::Config("--token must be non-empty, without spaces or control characters".into()));
+                return Err(crate::ServeError::Config(
+                    "--token must be non-empty, without spaces or control characters".into(),
+                ));
             }
         }
         if !self.listen.ip().is_loopback() && self.token.is_none() {
@@ -66,11 +68,15 @@ impl ServerConfig {
         }
         for o in &self.cors_origins {
             if o != "*" && !(o.starts_with("http://") || o.starts_with("https://")) {
-                return Err(crate::ServeError::Config(format!("--cors {o}: expected an origin like http://localhost:3000")));
+                return Err(crate::ServeError::Config(format!(
+                    "--cors {o}: expected an origin like http://localhost:3000"
+                )));
             }
         }
         if self.body_limit == 0 {
-            return Err(crate::ServeError::Config("the body limit must be positive".into()));
+            return Err(crate::ServeError::Config(
+                "the body limit must be positive".into(),
+            ));
         }
         Ok(())
     }

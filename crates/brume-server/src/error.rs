@@ -39,7 +39,12 @@ pub struct ErrorResponse {
 
 impl ApiError {
     pub fn new(status: StatusCode, field: Option<&str>, message: impl Into<String>) -> Self {
-        Self { status, field: field.map(str::to_string), message: message.into(), retry_after: None }
+        Self {
+            status,
+            field: field.map(str::to_string),
+            message: message.into(),
+            retry_after: None,
+        }
     }
 
     /// Malformed: not JSON, not a form, a value that cannot be read.
@@ -83,13 +88,20 @@ impl ApiError {
     }
 
     pub fn unavailable(message: impl Into<String>) -> Self {
-        Self { retry_after: Some(5), ..Self::new(StatusCode::SERVICE_UNAVAILABLE, None, message) }
+        Self {
+            retry_after: Some(5),
+            ..Self::new(StatusCode::SERVICE_UNAVAILABLE, None, message)
+        }
     }
 
     /// The server's own failure (disk, database): logged in full, answered in brief.
     pub fn internal(context: &str, err: impl std::fmt::Display) -> Self {
         tracing::error!("{context}: {err}");
-        Self::new(StatusCode::INTERNAL_SERVER_ERROR, None, format!("{context}: the server could not complete this (see its log)"))
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            None,
+            format!("{context}: the server could not complete this (see its log)"),
+        )
     }
 
     /// Renames the field through `map` (runtime names -> a client API's names).
@@ -103,7 +115,12 @@ impl ApiError {
     }
 
     pub fn body(&self) -> ErrorResponse {
-        ErrorResponse { error: ErrorBody { field: self.field.clone(), message: self.message.clone() } }
+        ErrorResponse {
+            error: ErrorBody {
+                field: self.field.clone(),
+                message: self.message.clone(),
+            },
+        }
     }
 }
 
@@ -135,8 +152,14 @@ pub(crate) fn add_headers(res: &mut Response, e: &ApiError) {
         }
     }
     if e.status == StatusCode::UNAUTHORIZED {
-        res.headers_mut().append(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer realm=\"brume\""));
-        res.headers_mut().append(header::WWW_AUTHENTICATE, HeaderValue::from_static("Basic realm=\"brume\", charset=\"UTF-8\""));
+        res.headers_mut().append(
+            header::WWW_AUTHENTICATE,
+            HeaderValue::from_static("Bearer realm=\"brume\""),
+        );
+        res.headers_mut().append(
+            header::WWW_AUTHENTICATE,
+            HeaderValue::from_static("Basic realm=\"brume\", charset=\"UTF-8\""),
+        );
     }
 }
 
@@ -144,7 +167,9 @@ impl From<SubmitError> for ApiError {
     fn from(e: SubmitError) -> Self {
         match e {
             SubmitError::Invalid { field, message } => ApiError::invalid(field, message),
-            SubmitError::QueueFull { limit, retry_after } => ApiError::queue_full(limit, retry_after.as_secs()),
+            SubmitError::QueueFull { limit, retry_after } => {
+                ApiError::queue_full(limit, retry_after.as_secs())
+            }
             SubmitError::Stopped => ApiError::unavailable("the server is shutting down"),
         }
     }
@@ -153,11 +178,13 @@ impl From<SubmitError> for ApiError {
 impl From<GalleryError> for ApiError {
     fn from(e: GalleryError) -> Self {
         match e {
-            GalleryError::NotFound(id) => ApiError::not_found(format!("gallery image {id} not found")),
-            GalleryError::Invalid { field, message } => ApiError::invalid(field, message),
-            e @ (GalleryError::BadPng { .. } | GalleryError::Metadata { .. } | GalleryError::NoRecipe(_)) => {
-                ApiError::invalid("file", e.to_string())
+            GalleryError::NotFound(id) => {
+                ApiError::not_found(format!("gallery image {id} not found"))
             }
+            GalleryError::Invalid { field, message } => ApiError::invalid(field, message),
+            e @ (GalleryError::BadPng { .. }
+            | GalleryError::Metadata { .. }
+            | GalleryError::NoRecipe(_)) => ApiError::invalid("file", e.to_string()),
             e => ApiError::internal("gallery", e),
         }
     }

@@ -37,15 +37,23 @@ pub async fn body_bytes<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes
 /// Parses JSON bytes into `T`, naming the field at fault.
 pub fn parse_json<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
-        return Err(ApiError::bad_request(None, "the request body is empty; send a JSON object"));
+        return Err(ApiError::bad_request(
+            None,
+            "the request body is empty; send a JSON object",
+        ));
     }
     // Every request body is an object; a list would be read as a struct's fields in order.
     if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
-        return Err(ApiError::new(axum::http::StatusCode::UNPROCESSABLE_ENTITY, None, "send a JSON object ({...})"));
+        return Err(ApiError::new(
+            axum::http::StatusCode::UNPROCESSABLE_ENTITY,
+            None,
+            "send a JSON object ({...})",
+        ));
     }
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let value = serde_path_to_error::deserialize(&mut de).map_err(json_error)?;
-    de.end().map_err(|e| ApiError::bad_request(None, format!("invalid JSON: {e}")))?;
+    de.end()
+        .map_err(|e| ApiError::bad_request(None, format!("invalid JSON: {e}")))?;
     Ok(value)
 }
 
@@ -71,7 +79,10 @@ fn json_error(e: serde_path_to_error::Error<serde_json::Error>) -> ApiError {
 /// The field a serde error is about: its path, plus the name in "missing field `x`".
 fn field_of(path: &str, message: &str) -> Option<String> {
     let base = (path != "." && !path.is_empty()).then(|| path.to_string());
-    let missing = message.strip_prefix("missing field `").and_then(|r| r.split('`').next()).map(str::to_string);
+    let missing = message
+        .strip_prefix("missing field `")
+        .and_then(|r| r.split('`').next())
+        .map(str::to_string);
     match (base, missing) {
         (Some(b), Some(m)) => Some(format!("{b}.{m}")),
         (None, Some(m)) => Some(m),
@@ -94,14 +105,25 @@ pub fn decode_base64(field: &str, text: &str) -> Result<Vec<u8>, ApiError> {
     let payload = match text.strip_prefix("data:") {
         Some(rest) => match rest.split_once(',') {
             Some((meta, data)) if meta.ends_with(";base64") => data,
-            _ => return Err(ApiError::invalid(field, "a data: URL must be base64 (`data:image/png;base64,...`)")),
+            _ => {
+                return Err(ApiError::invalid(
+                    field,
+                    "a data: URL must be base64 (`data:image/png;base64,...`)",
+                ))
+            }
         },
         None => text,
     };
     if payload.is_empty() {
-        return Err(ApiError::invalid(field, "is empty: send a picture as base64"));
+        return Err(ApiError::invalid(
+            field,
+            "is empty: send a picture as base64",
+        ));
     }
-    let clean: String = payload.chars().filter(|c| !c.is_ascii_whitespace()).collect();
+    let clean: String = payload
+        .chars()
+        .filter(|c| !c.is_ascii_whitespace())
+        .collect();
     let config = base64::engine::GeneralPurposeConfig::new()
         .with_decode_padding_mode(base64::engine::DecodePaddingMode::Indifferent)
         .with_decode_allow_trailing_bits(true);
@@ -164,7 +186,11 @@ pub fn is_multipart(headers: &axum::http::HeaderMap) -> bool {
     headers
         .get(axum::http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.trim_start().to_ascii_lowercase().starts_with("multipart/form-data"))
+        .is_some_and(|v| {
+            v.trim_start()
+                .to_ascii_lowercase()
+                .starts_with("multipart/form-data")
+        })
 }
 
 #[cfg(test)]
@@ -182,9 +208,15 @@ mod tests {
     #[test]
     fn errors_name_the_field() {
         let e = parse_json::<T>(br#"{"prompt": "x", "steps": -1}"#).unwrap_err();
-        assert_eq!((e.status.as_u16(), e.field.as_deref()), (422, Some("steps")));
+        assert_eq!(
+            (e.status.as_u16(), e.field.as_deref()),
+            (422, Some("steps"))
+        );
         let e = parse_json::<T>(br#"{"steps": 2}"#).unwrap_err();
-        assert_eq!((e.status.as_u16(), e.field.as_deref()), (422, Some("prompt")));
+        assert_eq!(
+            (e.status.as_u16(), e.field.as_deref()),
+            (422, Some("prompt"))
+        );
         let e = parse_json::<T>(br#"{"prompt": "x", "extend": [1, 2, "a", 4]}"#).unwrap_err();
         assert_eq!(e.field.as_deref(), Some("extend[2]"));
         let e = parse_json::<T>(br#"{"prompt": "x""#).unwrap_err();
@@ -196,8 +228,14 @@ mod tests {
     #[test]
     fn base64_with_and_without_a_data_prefix() {
         assert_eq!(decode_base64("image", "aGVsbG8=").unwrap(), b"hello");
-        assert_eq!(decode_base64("image", "data:image/png;base64,aGVsbG8").unwrap(), b"hello");
+        assert_eq!(
+            decode_base64("image", "data:image/png;base64,aGVsbG8").unwrap(),
+            b"hello"
+        );
         assert_eq!(decode_base64("image", "aGVs\nbG8=").unwrap(), b"hello");
-        assert_eq!(decode_base64("image", "!!!").unwrap_err().field.as_deref(), Some("image"));
+        assert_eq!(
+            decode_base64("image", "!!!").unwrap_err().field.as_deref(),
+            Some("image")
+        );
     }
 }

@@ -102,13 +102,26 @@ impl From<ImageDetail> for GalleryDetail {
 }
 
 fn id_of(s: &str) -> Result<ImageId, ApiError> {
-    s.parse::<ImageId>().map_err(|_| ApiError::not_found(format!("no gallery image `{}`", crate::respond::clip(s, 40))))
+    s.parse::<ImageId>().map_err(|_| {
+        ApiError::not_found(format!(
+            "no gallery image `{}`",
+            crate::respond::clip(s, 40)
+        ))
+    })
 }
 
-fn num<T: std::str::FromStr>(q: &HashMap<String, String>, key: &'static str) -> Result<Option<T>, ApiError> {
+fn num<T: std::str::FromStr>(
+    q: &HashMap<String, String>,
+    key: &'static str,
+) -> Result<Option<T>, ApiError> {
     match q.get(key).map(|s| s.trim()).filter(|s| !s.is_empty()) {
         None => Ok(None),
-        Some(v) => v.parse().map(Some).map_err(|_| ApiError::invalid(key, format!("`{}` is not a valid number", crate::respond::clip(v, 40)))),
+        Some(v) => v.parse().map(Some).map_err(|_| {
+            ApiError::invalid(
+                key,
+                format!("`{}` is not a valid number", crate::respond::clip(v, 40)),
+            )
+        }),
     }
 }
 
@@ -121,11 +134,20 @@ fn num<T: std::str::FromStr>(q: &HashMap<String, String>, key: &'static str) -> 
            ("parent" = Option<i64>, Query), ("deleted" = Option<String>, Query, description = "exclude (default), include, only"),
            ("cursor" = Option<String>, Query), ("limit" = Option<usize>, Query)),
     responses((status = 200, body = GalleryPage), (status = 422, body = ErrorResponse)))]
-pub async fn list(State(st): State<AppState>, Query(q): Query<HashMap<String, String>>) -> Result<Json<GalleryPage>, ApiError> {
-    let text = |k: &str| q.get(k).map(|s| s.to_string()).filter(|s| !s.trim().is_empty());
+pub async fn list(
+    State(st): State<AppState>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Json<GalleryPage>, ApiError> {
+    let text = |k: &str| {
+        q.get(k)
+            .map(|s| s.to_string())
+            .filter(|s| !s.trim().is_empty())
+    };
     let time = |k: &'static str| -> Result<Option<i64>, ApiError> {
         match text(k) {
-            Some(v) => brume_gallery::time::parse_time(&v, k).map(Some).map_err(ApiError::from),
+            Some(v) => brume_gallery::time::parse_time(&v, k)
+                .map(Some)
+                .map_err(ApiError::from),
             None => Ok(None),
         }
     };
@@ -139,7 +161,12 @@ pub async fn list(State(st): State<AppState>, Query(q): Query<HashMap<String, St
         None | Some("exclude") => brume_gallery::Deleted::Exclude,
         Some("include") => brume_gallery::Deleted::Include,
         Some("only") => brume_gallery::Deleted::Only,
-        Some(_) => return Err(ApiError::invalid("deleted", "must be exclude, include or only")),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "deleted",
+                "must be exclude, include or only",
+            ))
+        }
     };
     let query = GalleryQuery {
         text: text("q"),
@@ -159,12 +186,18 @@ pub async fn list(State(st): State<AppState>, Query(q): Query<HashMap<String, St
     };
     let g = st.gallery.clone();
     let page = blocking(move || g.list(&query)).await??;
-    Ok(Json(GalleryPage { items: page.items.into_iter().map(Into::into).collect(), next_cursor: page.next_cursor }))
+    Ok(Json(GalleryPage {
+        items: page.items.into_iter().map(Into::into).collect(),
+        next_cursor: page.next_cursor,
+    }))
 }
 
 #[utoipa::path(get, path = "/api/v1/gallery/{id}", tag = "gallery", params(("id" = i64, Path)),
     responses((status = 200, body = GalleryDetail), (status = 404, body = ErrorResponse)))]
-pub async fn get(State(st): State<AppState>, Path(id): Path<String>) -> Result<Json<GalleryDetail>, ApiError> {
+pub async fn get(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<GalleryDetail>, ApiError> {
     let id = id_of(&id)?;
     let g = st.gallery.clone();
     Ok(Json(blocking(move || g.get(id)).await??.into()))
@@ -172,7 +205,11 @@ pub async fn get(State(st): State<AppState>, Path(id): Path<String>) -> Result<J
 
 fn png_response(bytes: Vec<u8>, content_type: &'static str) -> Response {
     (
-        [(header::CONTENT_TYPE, content_type), (header::CACHE_CONTROL, "private, max-age=3600"), (header::X_CONTENT_TYPE_OPTIONS, "nosniff")],
+        [
+            (header::CONTENT_TYPE, content_type),
+            (header::CACHE_CONTROL, "private, max-age=3600"),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        ],
         Body::from(bytes),
     )
         .into_response()
@@ -181,7 +218,11 @@ fn png_response(bytes: Vec<u8>, content_type: &'static str) -> Response {
 /// The PNG as stored, recipe included; `?metadata=false` strips every text chunk (for sharing).
 #[utoipa::path(get, path = "/api/v1/gallery/{id}/image", tag = "gallery", params(("id" = i64, Path), ("metadata" = Option<bool>, Query)),
     responses((status = 200, content_type = "image/png", body = Vec<u8>), (status = 404, body = ErrorResponse)))]
-pub async fn image(State(st): State<AppState>, Path(id): Path<String>, Query(q): Query<HashMap<String, String>>) -> Result<Response, ApiError> {
+pub async fn image(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Result<Response, ApiError> {
     let id = id_of(&id)?;
     let with = match q.get("metadata").map(String::as_str) {
         None | Some("true" | "1") => true,
@@ -195,7 +236,10 @@ pub async fn image(State(st): State<AppState>, Path(id): Path<String>, Query(q):
 
 #[utoipa::path(get, path = "/api/v1/gallery/{id}/thumb", tag = "gallery", params(("id" = i64, Path)),
     responses((status = 200, content_type = "image/png", body = Vec<u8>), (status = 404, body = ErrorResponse)))]
-pub async fn thumb(State(st): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
+pub async fn thumb(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
     let id = id_of(&id)?;
     let g = st.gallery.clone();
     let bytes = blocking(move || g.thumb_bytes(id)).await??;
@@ -213,19 +257,25 @@ pub struct GalleryPatch {
 
 #[utoipa::path(patch, path = "/api/v1/gallery/{id}", tag = "gallery", params(("id" = i64, Path)), request_body = GalleryPatch,
     responses((status = 200, body = GalleryDetail), (status = 404, body = ErrorResponse), (status = 422, body = ErrorResponse)))]
-pub async fn patch(State(st): State<AppState>, Path(id): Path<String>, ApiJson(p): ApiJson<GalleryPatch>) -> Result<Json<GalleryDetail>, ApiError> {
+pub async fn patch(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+    ApiJson(p): ApiJson<GalleryPatch>,
+) -> Result<Json<GalleryDetail>, ApiError> {
     let id = id_of(&id)?;
     let g = st.gallery.clone();
-    let detail = blocking(move || -> Result<ImageDetail, brume_gallery::GalleryError> {
-        g.get(id)?;
-        if let Some(f) = p.favourite {
-            g.set_favourite(id, f)?;
-        }
-        if let Some(tags) = &p.tags {
-            g.set_tags(id, tags)?;
-        }
-        g.get(id)
-    })
+    let detail = blocking(
+        move || -> Result<ImageDetail, brume_gallery::GalleryError> {
+            g.get(id)?;
+            if let Some(f) = p.favourite {
+                g.set_favourite(id, f)?;
+            }
+            if let Some(tags) = &p.tags {
+                g.set_tags(id, tags)?;
+            }
+            g.get(id)
+        },
+    )
     .await??;
     Ok(Json(detail.into()))
 }
@@ -233,7 +283,10 @@ pub async fn patch(State(st): State<AppState>, Path(id): Path<String>, ApiJson(p
 /// Soft delete (restorable until a purge).
 #[utoipa::path(delete, path = "/api/v1/gallery/{id}", tag = "gallery", params(("id" = i64, Path)),
     responses((status = 204), (status = 404, body = ErrorResponse)))]
-pub async fn delete(State(st): State<AppState>, Path(id): Path<String>) -> Result<StatusCode, ApiError> {
+pub async fn delete(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
     let id = id_of(&id)?;
     let g = st.gallery.clone();
     blocking(move || g.delete(id)).await??;
@@ -251,7 +304,10 @@ pub struct PurgeResponse {
 pub async fn purge(State(st): State<AppState>) -> Result<Json<PurgeResponse>, ApiError> {
     let g = st.gallery.clone();
     let r = blocking(move || g.purge()).await??;
-    Ok(Json(PurgeResponse { rows: r.rows, files: r.files }))
+    Ok(Json(PurgeResponse {
+        rows: r.rows,
+        files: r.files,
+    }))
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -275,13 +331,25 @@ pub async fn import(State(st): State<AppState>, mp: Multipart) -> Result<Respons
             });
         }
     }
-    let bytes = file.ok_or_else(|| ApiError::invalid("file", "send the PNG as the multipart field `file`"))?;
+    let bytes = file
+        .ok_or_else(|| ApiError::invalid("file", "send the PNG as the multipart field `file`"))?;
     let g = st.gallery.clone();
     let (imported, detail) = blocking(move || -> Result<_, brume_gallery::GalleryError> {
         let i = g.import_bytes(bytes, "file")?;
         Ok((i, g.get(i.id)?))
     })
     .await??;
-    let status = if imported.created { StatusCode::CREATED } else { StatusCode::OK };
-    Ok((status, Json(ImportResponse { item: detail.into(), created: imported.created })).into_response())
+    let status = if imported.created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((
+        status,
+        Json(ImportResponse {
+            item: detail.into(),
+            created: imported.created,
+        }),
+    )
+        .into_response())
 }

@@ -13,10 +13,18 @@ use crate::state::{blocking, AppState};
 /// A1111's sampler names for brume's samplers (A1111 1.9+ splits "Karras" off
 /// into `scheduler`; both spellings are accepted).
 pub const A1111_SAMPLERS: &[(&str, SamplerKind, &[&str])] = &[
-    ("Euler a", SamplerKind::EulerAncestral, &["k_euler_a", "k_euler_ancestral", "euler_ancestral"]),
+    (
+        "Euler a",
+        SamplerKind::EulerAncestral,
+        &["k_euler_a", "k_euler_ancestral", "euler_ancestral"],
+    ),
     ("Euler", SamplerKind::Euler, &["k_euler"]),
     ("DPM++ 2M", SamplerKind::DpmPP2M, &["k_dpmpp_2m"]),
-    ("DPM++ 2M Karras", SamplerKind::DpmPP2MKarras, &["k_dpmpp_2m_ka"]),
+    (
+        "DPM++ 2M Karras",
+        SamplerKind::DpmPP2MKarras,
+        &["k_dpmpp_2m_ka"],
+    ),
     ("DPM++ 2M SDE", SamplerKind::DpmPP2MSde, &["k_dpmpp_2m_sde"]),
     ("DDIM", SamplerKind::Ddim, &[]),
     ("DDPM", SamplerKind::Ddpm, &[]),
@@ -28,30 +36,45 @@ pub const A1111_SAMPLERS: &[(&str, SamplerKind, &[&str])] = &[
 
 /// A sampler's A1111 label.
 pub fn label(kind: SamplerKind) -> &'static str {
-    A1111_SAMPLERS.iter().find(|(_, k, _)| *k == kind).map(|(l, _, _)| *l).unwrap_or(kind.cli_name())
+    A1111_SAMPLERS
+        .iter()
+        .find(|(_, k, _)| *k == kind)
+        .map(|(l, _, _)| *l)
+        .unwrap_or(kind.cli_name())
 }
 
 /// A sampler by brume's name (`dpmpp_2m_karras`), A1111's label (`DPM++ 2M
 /// Karras`, any case) or one of A1111's aliases.
 pub fn parse_sampler(name: &str) -> Option<SamplerKind> {
     let n = name.trim();
-    SamplerKind::ALL.iter().copied().find(|k| k.cli_name().eq_ignore_ascii_case(n)).or_else(|| {
-        A1111_SAMPLERS
-            .iter()
-            .find(|(l, _, aliases)| l.eq_ignore_ascii_case(n) || aliases.iter().any(|a| a.eq_ignore_ascii_case(n)))
-            .map(|(_, k, _)| *k)
-    })
+    SamplerKind::ALL
+        .iter()
+        .copied()
+        .find(|k| k.cli_name().eq_ignore_ascii_case(n))
+        .or_else(|| {
+            A1111_SAMPLERS
+                .iter()
+                .find(|(l, _, aliases)| {
+                    l.eq_ignore_ascii_case(n) || aliases.iter().any(|a| a.eq_ignore_ascii_case(n))
+                })
+                .map(|(_, k, _)| *k)
+        })
 }
 
 pub fn sampler_error(field: &str, name: &str) -> ApiError {
     let labels: Vec<&str> = A1111_SAMPLERS.iter().map(|(l, _, _)| *l).collect();
-    ApiError::invalid(field, format!("unknown sampler `{name}` (known: {})", labels.join(", ")))
+    ApiError::invalid(
+        field,
+        format!("unknown sampler `{name}` (known: {})", labels.join(", ")),
+    )
 }
 
 /// Decodes an uploaded picture with the engine's limits, off the async threads.
 pub async fn decode_image(bytes: Vec<u8>, field: &str) -> Result<InputImage, ApiError> {
     let f = field.to_string();
-    blocking(move || InputImage::from_bytes(&bytes, &f)).await?.map_err(|e| image_error(field, e))
+    blocking(move || InputImage::from_bytes(&bytes, &f))
+        .await?
+        .map_err(|e| image_error(field, e))
 }
 
 /// Cancels its job when dropped armed: a synchronous request whose client hung
@@ -64,7 +87,11 @@ pub struct JobGuard {
 
 impl JobGuard {
     pub fn new(runtime: Runtime, id: JobId) -> Self {
-        Self { runtime, id, armed: true }
+        Self {
+            runtime,
+            id,
+            armed: true,
+        }
     }
 
     pub fn disarm(mut self) {
@@ -87,11 +114,16 @@ pub async fn run_to_end(
     spec: JobSpec,
     rename: fn(&str) -> Option<&'static str>,
 ) -> Result<JobStatus, ApiError> {
-    let id = state.runtime.submit(spec).map_err(|e| ApiError::from(e).rename_field(rename))?;
+    let id = state
+        .runtime
+        .submit(spec)
+        .map_err(|e| ApiError::from(e).rename_field(rename))?;
     let guard = JobGuard::new(state.runtime.clone(), id);
     let status = state.runtime.finished(id).await;
     guard.disarm();
-    let status = status.ok_or_else(|| ApiError::internal("job", format!("job {id} was forgotten before it finished")))?;
+    let status = status.ok_or_else(|| {
+        ApiError::internal("job", format!("job {id} was forgotten before it finished"))
+    })?;
     match &status.state {
         JobState::Failed(e) => Err(job_error(e).rename_field(rename)),
         _ => Ok(status),
@@ -103,7 +135,9 @@ pub async fn run_to_end(
 pub fn job_error(e: &brume_runtime::JobError) -> ApiError {
     use brume_runtime::JobErrorKind as K;
     match e.kind {
-        K::Invalid | K::OverBudget => ApiError::invalid(e.field.unwrap_or("request"), e.message.clone()),
+        K::Invalid | K::OverBudget => {
+            ApiError::invalid(e.field.unwrap_or("request"), e.message.clone())
+        }
         K::Model => ApiError::invalid(e.field.unwrap_or("model"), e.message.clone()),
         K::Storage | K::Engine => ApiError::internal("job", &e.message),
     }

@@ -62,7 +62,10 @@ pub enum ServeError {
     #[error("{0}")]
     Runtime(#[from] brume_runtime::StartError),
     #[error("cannot listen on {addr}: {source}")]
-    Bind { addr: SocketAddr, source: std::io::Error },
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
     #[error("{0}")]
     Internal(String),
 }
@@ -141,8 +144,9 @@ impl Stopper {
 pub async fn serve(config: ServerConfig) -> Result<Server, ServeError> {
     config.check()?;
     let dir = config.data_dir.clone();
-    let (gallery, reconcile) =
-        tokio::task::spawn_blocking(move || Gallery::open(&dir)).await.map_err(|e| ServeError::Internal(e.to_string()))??;
+    let (gallery, reconcile) = tokio::task::spawn_blocking(move || Gallery::open(&dir))
+        .await
+        .map_err(|e| ServeError::Internal(e.to_string()))??;
     let gallery = Arc::new(gallery);
     let mut rc = RuntimeConfig::new(config.models.clone());
     rc.default_model = config.default_model.clone();
@@ -151,9 +155,19 @@ pub async fn serve(config: ServerConfig) -> Result<Server, ServeError> {
     rc.queue_limit = config.queue_limit;
     rc.max_job_time = config.max_job_time;
     rc.sink = Some(Arc::new(sink::GallerySink::new(gallery.clone())));
-    let runtime = tokio::task::spawn_blocking(move || Runtime::start(rc)).await.map_err(|e| ServeError::Internal(e.to_string()))??;
-    let listener = tokio::net::TcpListener::bind(config.listen).await.map_err(|source| ServeError::Bind { addr: config.listen, source })?;
-    let addr = listener.local_addr().map_err(|source| ServeError::Bind { addr: config.listen, source })?;
+    let runtime = tokio::task::spawn_blocking(move || Runtime::start(rc))
+        .await
+        .map_err(|e| ServeError::Internal(e.to_string()))??;
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| ServeError::Bind {
+            addr: config.listen,
+            source,
+        })?;
+    let addr = listener.local_addr().map_err(|source| ServeError::Bind {
+        addr: config.listen,
+        source,
+    })?;
     let (stop, stop_rx) = watch::channel(false);
     let state = AppState {
         a1111: Arc::new(A1111State::new(runtime.default_model())),
@@ -179,7 +193,14 @@ pub async fn serve(config: ServerConfig) -> Result<Server, ServeError> {
             .await
     });
     tracing::info!(%addr, models = runtime.models().len(), "serving");
-    Ok(Server { addr, runtime, gallery, reconcile, stop, task })
+    Ok(Server {
+        addr,
+        runtime,
+        gallery,
+        reconcile,
+        stop,
+        task,
+    })
 }
 
 /// Every route, with the middleware.
@@ -192,14 +213,22 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/samplers", get(native::samplers))
         .route("/api/v1/capabilities", get(native::capabilities))
         .route("/api/v1/jobs", post(native::create_job))
-        .route("/api/v1/jobs/{id}", get(native::get_job).delete(native::cancel_job))
+        .route(
+            "/api/v1/jobs/{id}",
+            get(native::get_job).delete(native::cancel_job),
+        )
         .route("/api/v1/jobs/{id}/cancel", post(native::cancel_job))
         .route("/api/v1/jobs/{id}/events", get(native::job_events))
         .route("/api/v1/ws", get(native::ws))
         .route("/api/v1/gallery", get(gallery_api::list))
         .route("/api/v1/gallery/import", post(gallery_api::import))
         .route("/api/v1/gallery/purge", post(gallery_api::purge))
-        .route("/api/v1/gallery/{id}", get(gallery_api::get).patch(gallery_api::patch).delete(gallery_api::delete))
+        .route(
+            "/api/v1/gallery/{id}",
+            get(gallery_api::get)
+                .patch(gallery_api::patch)
+                .delete(gallery_api::delete),
+        )
         .route("/api/v1/gallery/{id}/image", get(gallery_api::image))
         .route("/api/v1/gallery/{id}/thumb", get(gallery_api::thumb))
         .route("/api/v1/openapi.json", get(openapi::document))
@@ -209,7 +238,10 @@ pub fn router(state: AppState) -> Router {
         .route("/sdapi/v1/progress", get(a1111::progress))
         .route("/sdapi/v1/interrupt", post(a1111::interrupt))
         .route("/sdapi/v1/skip", post(a1111::skip))
-        .route("/sdapi/v1/options", get(a1111::get_options).post(a1111::set_options))
+        .route(
+            "/sdapi/v1/options",
+            get(a1111::get_options).post(a1111::set_options),
+        )
         .route("/sdapi/v1/sd-models", get(a1111::sd_models))
         .route("/sdapi/v1/samplers", get(a1111::samplers))
         .route("/sdapi/v1/schedulers", get(a1111::schedulers))
@@ -229,12 +261,17 @@ pub fn router(state: AppState) -> Router {
         .route("/assets/{*path}", get(web::asset))
         .fallback(|| async { ApiError::not_found("no such endpoint") })
         .layer(DefaultBodyLimit::max(limit))
-        .layer(axum::middleware::from_fn_with_state(state.clone(), respond::guard));
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            respond::guard,
+        ));
     let routes = match cors {
         Some(c) => routes.layer(c),
         None => routes,
     };
-    routes.layer(axum::middleware::from_fn(respond::errors)).with_state(state)
+    routes
+        .layer(axum::middleware::from_fn(respond::errors))
+        .with_state(state)
 }
 
 fn cors_layer(origins: &[String]) -> Option<tower_http::cors::CorsLayer> {
@@ -250,7 +287,13 @@ fn cors_layer(origins: &[String]) -> Option<tower_http::cors::CorsLayer> {
     Some(
         CorsLayer::new()
             .allow_origin(allow)
-            .allow_methods([Method::GET, Method::POST, Method::PATCH, Method::DELETE, Method::OPTIONS])
+            .allow_methods([
+                Method::GET,
+                Method::POST,
+                Method::PATCH,
+                Method::DELETE,
+                Method::OPTIONS,
+            ])
             .allow_headers([header::AUTHORIZATION, header::CONTENT_TYPE])
             .expose_headers([header::RETRY_AFTER])
             .max_age(Duration::from_secs(600)),

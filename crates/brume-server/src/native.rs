@@ -110,7 +110,10 @@ pub struct SamplersResponse {
 pub async fn samplers() -> Json<SamplersResponse> {
     let samplers = brume::samplers::SamplerKind::ALL
         .iter()
-        .map(|k| SamplerView { name: k.cli_name().to_string(), label: label(*k).to_string() })
+        .map(|k| SamplerView {
+            name: k.cli_name().to_string(),
+            label: label(*k).to_string(),
+        })
         .collect();
     Json(SamplersResponse { samplers })
 }
@@ -142,7 +145,9 @@ pub async fn capabilities(State(st): State<AppState>) -> Json<Capabilities> {
         max_prompt_bytes: l.max_prompt_bytes,
         queue_limit: st.settings.queue_limit,
         body_limit: st.settings.body_limit,
-        modes: ["txt2img", "img2img", "inpaint", "outpaint"].map(String::from).to_vec(),
+        modes: ["txt2img", "img2img", "inpaint", "outpaint"]
+            .map(String::from)
+            .to_vec(),
     })
 }
 
@@ -260,67 +265,116 @@ pub async fn build_spec(st: &AppState, req: JobRequest, files: Files) -> Result<
         (None, None) => None,
     };
     let extend: Option<[usize; 4]> = match &req.extend {
-        Some(v) => Some(
-            <[usize; 4]>::try_from(v.as_slice())
-                .map_err(|_| ApiError::invalid("extend", format!("needs 4 numbers [left, top, right, bottom], got {}", v.len())))?,
-        ),
+        Some(v) => Some(<[usize; 4]>::try_from(v.as_slice()).map_err(|_| {
+            ApiError::invalid(
+                "extend",
+                format!(
+                    "needs 4 numbers [left, top, right, bottom], got {}",
+                    v.len()
+                ),
+            )
+        })?),
         None => None,
     };
-    let mode = req.mode.unwrap_or(match (&image_bytes, &mask_bytes, &extend) {
-        (Some(_), Some(_), _) => Mode::Inpaint,
-        (Some(_), None, Some(_)) => Mode::Outpaint,
-        (Some(_), None, None) => Mode::Img2img,
-        _ => Mode::Txt2img,
-    });
+    let mode = req
+        .mode
+        .unwrap_or(match (&image_bytes, &mask_bytes, &extend) {
+            (Some(_), Some(_), _) => Mode::Inpaint,
+            (Some(_), None, Some(_)) => Mode::Outpaint,
+            (Some(_), None, None) => Mode::Img2img,
+            _ => Mode::Txt2img,
+        });
     let sampler = match &req.sampler {
         Some(s) => Some(parse_sampler(s).ok_or_else(|| sampler_error("sampler", s))?),
         None => None,
     };
     if let Some(c) = &req.client {
         if c.is_empty() || c.chars().count() > MAX_CLIENT_CHARS || c.chars().any(char::is_control) {
-            return Err(ApiError::invalid("client", format!("must be 1..={MAX_CLIENT_CHARS} printable characters")));
+            return Err(ApiError::invalid(
+                "client",
+                format!("must be 1..={MAX_CLIENT_CHARS} printable characters"),
+            ));
         }
     }
     if let Some(p) = req.parent {
         if p <= 0 {
-            return Err(ApiError::invalid("parent", "must be a gallery id (a positive integer)"));
+            return Err(ApiError::invalid(
+                "parent",
+                "must be a gallery id (a positive integer)",
+            ));
         }
         let g = st.gallery.clone();
         match blocking(move || g.get(ImageId(p))).await? {
             Ok(_) => {}
-            Err(e) if e.is_not_found() => return Err(ApiError::invalid("parent", format!("no gallery image {p}"))),
+            Err(e) if e.is_not_found() => {
+                return Err(ApiError::invalid("parent", format!("no gallery image {p}")))
+            }
             Err(e) => return Err(e.into()),
         }
     }
-    let need = |b: Option<Vec<u8>>, field: &str| b.ok_or_else(|| ApiError::invalid(field, format!("{mode:?} needs `{field}`").to_lowercase()));
+    let need = |b: Option<Vec<u8>>, field: &str| {
+        b.ok_or_else(|| {
+            ApiError::invalid(field, format!("{mode:?} needs `{field}`").to_lowercase())
+        })
+    };
     let edit = match mode {
         Mode::Txt2img => {
-            for (given, field) in [(image_bytes.is_some(), "image"), (mask_bytes.is_some(), "mask"), (extend.is_some(), "extend")] {
+            for (given, field) in [
+                (image_bytes.is_some(), "image"),
+                (mask_bytes.is_some(), "mask"),
+                (extend.is_some(), "extend"),
+            ] {
                 if given {
-                    return Err(ApiError::invalid(field, "txt2img takes no picture; set mode to img2img, inpaint or outpaint"));
+                    return Err(ApiError::invalid(
+                        field,
+                        "txt2img takes no picture; set mode to img2img, inpaint or outpaint",
+                    ));
                 }
             }
             Edit::None
         }
         Mode::Img2img => {
             let image = decode_image(need(image_bytes, "image")?, "image").await?;
-            Edit::Img2img { image, strength: req.strength }
+            Edit::Img2img {
+                image,
+                strength: req.strength,
+            }
         }
         Mode::Inpaint => {
             let image = decode_image(need(image_bytes, "image")?, "image").await?;
             let mask = decode_image(need(mask_bytes, "mask")?, "mask").await?;
-            Edit::Inpaint { image, mask, strength: req.strength, feather: req.feather.unwrap_or(4) }
+            Edit::Inpaint {
+                image,
+                mask,
+                strength: req.strength,
+                feather: req.feather.unwrap_or(4),
+            }
         }
         Mode::Outpaint => {
             let image = decode_image(need(image_bytes, "image")?, "image").await?;
-            let extend = extend.ok_or_else(|| ApiError::invalid("extend", "outpaint needs `extend` [left, top, right, bottom]"))?;
-            Edit::Outpaint { image, extend, feather: req.feather.unwrap_or(4) }
+            let extend = extend.ok_or_else(|| {
+                ApiError::invalid(
+                    "extend",
+                    "outpaint needs `extend` [left, top, right, bottom]",
+                )
+            })?;
+            Edit::Outpaint {
+                image,
+                extend,
+                feather: req.feather.unwrap_or(4),
+            }
         }
     };
     if mode != Mode::Txt2img {
-        for (given, field) in [(req.width.is_some(), "width"), (req.height.is_some(), "height")] {
+        for (given, field) in [
+            (req.width.is_some(), "width"),
+            (req.height.is_some(), "height"),
+        ] {
             if given {
-                return Err(ApiError::invalid(field, "edits keep the picture's size; leave width and height out"));
+                return Err(ApiError::invalid(
+                    field,
+                    "edits keep the picture's size; leave width and height out",
+                ));
             }
         }
     }
@@ -349,7 +403,10 @@ pub async fn build_spec(st: &AppState, req: JobRequest, files: Files) -> Result<
     };
     spec.previews = match req.preview_every {
         Some(0) => PreviewPolicy::OFF,
-        Some(k) => PreviewPolicy { every: k, ..PreviewPolicy::default() },
+        Some(k) => PreviewPolicy {
+            every: k,
+            ..PreviewPolicy::default()
+        },
         None => PreviewPolicy::default(),
     };
     spec.parent = req.parent.map(|p| p.to_string());
@@ -360,7 +417,19 @@ pub async fn build_spec(st: &AppState, req: JobRequest, files: Files) -> Result<
 }
 
 /// Fields a multipart form sends as text that are numbers, lists or booleans in JSON.
-const STRING_FIELDS: &[&str] = &["mode", "prompt", "negative_prompt", "model", "unet", "sampler", "priority", "client", "lane", "image", "mask"];
+const STRING_FIELDS: &[&str] = &[
+    "mode",
+    "prompt",
+    "negative_prompt",
+    "model",
+    "unet",
+    "sampler",
+    "priority",
+    "client",
+    "lane",
+    "image",
+    "mask",
+];
 
 /// A multipart job form as the JSON request plus its files.
 pub async fn form_request(mp: Multipart) -> Result<(JobRequest, Files), ApiError> {
@@ -370,12 +439,16 @@ pub async fn form_request(mp: Multipart) -> Result<(JobRequest, Files), ApiError
         match (name.as_str(), part) {
             ("image", Part::File(b)) => files.image = Some(b),
             ("mask", Part::File(b)) => files.mask = Some(b),
-            (n, Part::File(_)) => return Err(ApiError::invalid(n, "only `image` and `mask` may be files")),
+            (n, Part::File(_)) => {
+                return Err(ApiError::invalid(n, "only `image` and `mask` may be files"))
+            }
             (n, Part::Text(t)) => {
                 let v = if STRING_FIELDS.contains(&n) {
                     serde_json::Value::String(t)
                 } else {
-                    serde_json::from_str(t.trim()).map_err(|_| ApiError::invalid(n, format!("`{t}` is not a number, list or true/false")))?
+                    serde_json::from_str(t.trim()).map_err(|_| {
+                        ApiError::invalid(n, format!("`{t}` is not a number, list or true/false"))
+                    })?
                 };
                 map.insert(n.to_string(), v);
             }
@@ -395,9 +468,15 @@ pub struct Accepted {
 #[utoipa::path(post, path = "/api/v1/jobs", tag = "jobs", request_body = JobRequest,
     responses((status = 202, body = Accepted), (status = 400, body = ErrorResponse), (status = 422, body = ErrorResponse),
               (status = 429, body = ErrorResponse, description = "queue full; see Retry-After")))]
-pub async fn create_job(State(st): State<AppState>, headers: HeaderMap, req: Request) -> Result<Response, ApiError> {
+pub async fn create_job(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    req: Request,
+) -> Result<Response, ApiError> {
     let (job, files) = if is_multipart(&headers) {
-        let mp = Multipart::from_request(req, &st).await.map_err(|e| ApiError::bad_request(None, e.body_text()))?;
+        let mp = Multipart::from_request(req, &st)
+            .await
+            .map_err(|e| ApiError::bad_request(None, e.body_text()))?;
         form_request(mp).await?
     } else {
         let bytes = crate::extract::body_bytes(req, &st).await?;
@@ -405,7 +484,15 @@ pub async fn create_job(State(st): State<AppState>, headers: HeaderMap, req: Req
     };
     let spec = build_spec(&st, job, files).await?;
     let (id, position) = submit(&st, spec)?;
-    Ok((StatusCode::ACCEPTED, Json(Accepted { id: id.to_string(), state: "queued".into(), position })).into_response())
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(Accepted {
+            id: id.to_string(),
+            state: "queued".into(),
+            position,
+        }),
+    )
+        .into_response())
 }
 
 fn submit(st: &AppState, spec: JobSpec) -> Result<(JobId, usize), ApiError> {
@@ -528,30 +615,45 @@ pub fn job_view(s: &JobStatus) -> JobView {
     };
     match &s.state {
         JobState::Queued { position } => v.position = Some(*position),
-        JobState::Running { step, total, eta_ms } => {
+        JobState::Running {
+            step,
+            total,
+            eta_ms,
+        } => {
             v.step = Some(*step);
             v.total = Some(*total);
             v.eta_ms = *eta_ms;
         }
         JobState::Done => v.result = s.output.as_deref().map(result_view),
-        JobState::Failed(e) => v.error = Some(ErrorBody { field: e.field.map(str::to_string), message: e.message.clone() }),
+        JobState::Failed(e) => {
+            v.error = Some(ErrorBody {
+                field: e.field.map(str::to_string),
+                message: e.message.clone(),
+            })
+        }
         JobState::Cancelled(r) => v.reason = Some(r.name().to_string()),
     }
     v
 }
 
 fn job_id(id: &str) -> Result<JobId, ApiError> {
-    id.parse::<JobId>().map_err(|_| ApiError::not_found(format!("no job `{}`", crate::respond::clip(id, 40))))
+    id.parse::<JobId>()
+        .map_err(|_| ApiError::not_found(format!("no job `{}`", crate::respond::clip(id, 40))))
 }
 
 fn status_of(st: &AppState, id: &str) -> Result<JobStatus, ApiError> {
     let jid = job_id(id)?;
-    st.runtime.status(jid).ok_or_else(|| ApiError::not_found(format!("no job {jid} (unknown, or finished long ago)")))
+    st.runtime
+        .status(jid)
+        .ok_or_else(|| ApiError::not_found(format!("no job {jid} (unknown, or finished long ago)")))
 }
 
 #[utoipa::path(get, path = "/api/v1/jobs/{id}", tag = "jobs", params(("id" = String, Path)),
     responses((status = 200, body = JobView), (status = 404, body = ErrorResponse)))]
-pub async fn get_job(State(st): State<AppState>, Path(id): Path<String>) -> Result<Json<JobView>, ApiError> {
+pub async fn get_job(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<JobView>, ApiError> {
     Ok(Json(job_view(&status_of(&st, &id)?)))
 }
 
@@ -564,11 +666,21 @@ pub struct CancelResponse {
 /// Cancels a job: a queued one at once, a running one at its next step.
 #[utoipa::path(post, path = "/api/v1/jobs/{id}/cancel", tag = "jobs", params(("id" = String, Path)),
     responses((status = 200, body = CancelResponse), (status = 404, body = ErrorResponse)))]
-pub async fn cancel_job(State(st): State<AppState>, Path(id): Path<String>) -> Result<Json<CancelResponse>, ApiError> {
+pub async fn cancel_job(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<CancelResponse>, ApiError> {
     let s = status_of(&st, &id)?;
     st.runtime.cancel(s.id);
-    let now = st.runtime.status(s.id).map(|s| s.state.name()).unwrap_or("cancelled");
-    Ok(Json(CancelResponse { id: s.id.to_string(), state: now.to_string() }))
+    let now = st
+        .runtime
+        .status(s.id)
+        .map(|s| s.state.name())
+        .unwrap_or("cancelled");
+    Ok(Json(CancelResponse {
+        id: s.id.to_string(),
+        state: now.to_string(),
+    }))
 }
 
 // ---------------------------------------------------------------- events
@@ -577,11 +689,25 @@ pub async fn cancel_job(State(st): State<AppState>, Path(id): Path<String>) -> R
 #[derive(Debug, Clone, Serialize, ToSchema)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum EventView {
-    Queued { id: String, position: usize },
-    Started { id: String },
-    Step { id: String, step: usize, total: usize, eta_ms: Option<u64> },
+    Queued {
+        id: String,
+        position: usize,
+    },
+    Started {
+        id: String,
+    },
+    Step {
+        id: String,
+        step: usize,
+        total: usize,
+        eta_ms: Option<u64>,
+    },
     /// A step preview as a PNG data URL.
-    Preview { id: String, step: usize, image: String },
+    Preview {
+        id: String,
+        step: usize,
+        image: String,
+    },
     /// `result` is left out for a job finished long ago (the runtime keeps the
     /// pictures of its last 64 jobs; the gallery has them all).
     Done {
@@ -590,32 +716,74 @@ pub enum EventView {
         result: Option<JobResult>,
     },
     /// How the request was read (a prompt cut at the text encoder's length); may quote the prompt.
-    Notice { id: String, message: String },
-    Failed { id: String, error: ErrorBody },
-    Cancelled { id: String, reason: String },
+    Notice {
+        id: String,
+        message: String,
+    },
+    Failed {
+        id: String,
+        error: ErrorBody,
+    },
+    Cancelled {
+        id: String,
+        reason: String,
+    },
 }
 
 impl EventView {
     pub fn is_terminal(&self) -> bool {
-        matches!(self, EventView::Done { .. } | EventView::Failed { .. } | EventView::Cancelled { .. })
+        matches!(
+            self,
+            EventView::Done { .. } | EventView::Failed { .. } | EventView::Cancelled { .. }
+        )
     }
 }
 
 pub fn event_view(e: &JobEvent) -> Option<EventView> {
     let id = e.job.to_string();
     Some(match &e.kind {
-        EventKind::Queued { position } => EventView::Queued { id, position: *position },
+        EventKind::Queued { position } => EventView::Queued {
+            id,
+            position: *position,
+        },
         EventKind::Started => EventView::Started { id },
-        EventKind::Step { step, total, eta_ms } => EventView::Step { id, step: *step, total: *total, eta_ms: *eta_ms },
-        EventKind::Preview { step, png } => {
-            EventView::Preview { id, step: *step, image: format!("data:image/png;base64,{}", crate::extract::encode_base64(png)) }
-        }
-        EventKind::Done { output } => EventView::Done { id, result: Some(result_view(output)) },
-        EventKind::Notice { message } => EventView::Notice { id, message: message.clone() },
-        EventKind::Failed { error } => {
-            EventView::Failed { id, error: ErrorBody { field: error.field.map(str::to_string), message: error.message.clone() } }
-        }
-        EventKind::Cancelled { reason } => EventView::Cancelled { id, reason: reason.name().to_string() },
+        EventKind::Step {
+            step,
+            total,
+            eta_ms,
+        } => EventView::Step {
+            id,
+            step: *step,
+            total: *total,
+            eta_ms: *eta_ms,
+        },
+        EventKind::Preview { step, png } => EventView::Preview {
+            id,
+            step: *step,
+            image: format!(
+                "data:image/png;base64,{}",
+                crate::extract::encode_base64(png)
+            ),
+        },
+        EventKind::Done { output } => EventView::Done {
+            id,
+            result: Some(result_view(output)),
+        },
+        EventKind::Notice { message } => EventView::Notice {
+            id,
+            message: message.clone(),
+        },
+        EventKind::Failed { error } => EventView::Failed {
+            id,
+            error: ErrorBody {
+                field: error.field.map(str::to_string),
+                message: error.message.clone(),
+            },
+        },
+        EventKind::Cancelled { reason } => EventView::Cancelled {
+            id,
+            reason: reason.name().to_string(),
+        },
         EventKind::Planned { .. } | EventKind::Loaded { .. } | EventKind::Preempted => return None,
         // Kinds added to the runtime later are not sent until this API names them.
         #[allow(unreachable_patterns)]
@@ -627,19 +795,43 @@ pub fn event_view(e: &JobEvent) -> Option<EventView> {
 pub fn snapshot(s: &JobStatus) -> Vec<EventView> {
     let id = s.id.to_string();
     match &s.state {
-        JobState::Queued { position } => vec![EventView::Queued { id, position: *position }],
-        JobState::Running { step, total, eta_ms } => {
+        JobState::Queued { position } => vec![EventView::Queued {
+            id,
+            position: *position,
+        }],
+        JobState::Running {
+            step,
+            total,
+            eta_ms,
+        } => {
             let mut v = vec![EventView::Started { id: id.clone() }];
             if *total > 0 {
-                v.push(EventView::Step { id, step: *step, total: *total, eta_ms: *eta_ms });
+                v.push(EventView::Step {
+                    id,
+                    step: *step,
+                    total: *total,
+                    eta_ms: *eta_ms,
+                });
             }
             v
         }
-        JobState::Done => vec![EventView::Done { id, result: s.output.as_deref().map(result_view) }],
+        JobState::Done => vec![EventView::Done {
+            id,
+            result: s.output.as_deref().map(result_view),
+        }],
         JobState::Failed(e) => {
-            vec![EventView::Failed { id, error: ErrorBody { field: e.field.map(str::to_string), message: e.message.clone() } }]
+            vec![EventView::Failed {
+                id,
+                error: ErrorBody {
+                    field: e.field.map(str::to_string),
+                    message: e.message.clone(),
+                },
+            }]
         }
-        JobState::Cancelled(r) => vec![EventView::Cancelled { id, reason: r.name().to_string() }],
+        JobState::Cancelled(r) => vec![EventView::Cancelled {
+            id,
+            reason: r.name().to_string(),
+        }],
     }
 }
 
@@ -652,11 +844,17 @@ fn sse_event(ev: &EventView) -> Event {
 #[utoipa::path(get, path = "/api/v1/jobs/{id}/events", tag = "jobs", params(("id" = String, Path)),
     responses((status = 200, content_type = "text/event-stream", body = EventView, description = "one JSON event per data: line"),
               (status = 404, body = ErrorResponse)))]
-pub async fn job_events(State(st): State<AppState>, Path(id): Path<String>) -> Result<Response, ApiError> {
+pub async fn job_events(
+    State(st): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
     let jid = job_id(&id)?;
     // Subscribe before reading the state, so nothing falls between.
     let mut rx = st.runtime.subscribe();
-    let first = st.runtime.status(jid).ok_or_else(|| ApiError::not_found(format!("no job {jid}")))?;
+    let first = st
+        .runtime
+        .status(jid)
+        .ok_or_else(|| ApiError::not_found(format!("no job {jid}")))?;
     let (tx, out) = tokio::sync::mpsc::channel::<Event>(64);
     let runtime = st.runtime.clone();
     let mut shutdown = st.shutdown.clone();
@@ -691,8 +889,12 @@ pub async fn job_events(State(st): State<AppState>, Path(id): Path<String>) -> R
             }
         }
     });
-    let stream = futures_util::stream::unfold(out, |mut out| async move { out.recv().await.map(|e| (Ok::<_, Infallible>(e), out)) });
-    Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(Duration::from_secs(15))).into_response())
+    let stream = futures_util::stream::unfold(out, |mut out| async move {
+        out.recv().await.map(|e| (Ok::<_, Infallible>(e), out))
+    });
+    Ok(Sse::new(stream)
+        .keep_alive(KeepAlive::new().interval(Duration::from_secs(15)))
+        .into_response())
 }
 
 /// What a WebSocket client may send.
@@ -721,15 +923,25 @@ pub enum WsReply {
 /// browsers, which cannot set headers here.
 #[utoipa::path(get, path = "/api/v1/ws", tag = "jobs", params(("client" = Option<String>, Query), ("token" = Option<String>, Query)),
     responses((status = 101, description = "WebSocket: EventView / WsReply messages out, WsIn messages in")))]
-pub async fn ws(State(st): State<AppState>, Query(q): Query<HashMap<String, String>>, upgrade: WebSocketUpgrade) -> Result<Response, ApiError> {
+pub async fn ws(
+    State(st): State<AppState>,
+    Query(q): Query<HashMap<String, String>>,
+    upgrade: WebSocketUpgrade,
+) -> Result<Response, ApiError> {
     let client = q.get("client").cloned().filter(|c| !c.is_empty());
     if let Some(c) = &client {
         if c.chars().count() > MAX_CLIENT_CHARS || c.chars().any(char::is_control) {
-            return Err(ApiError::invalid("client", format!("must be 1..={MAX_CLIENT_CHARS} printable characters")));
+            return Err(ApiError::invalid(
+                "client",
+                format!("must be 1..={MAX_CLIENT_CHARS} printable characters"),
+            ));
         }
     }
     let limit = st.settings.body_limit;
-    Ok(upgrade.max_message_size(limit).max_frame_size(limit).on_upgrade(move |socket| ws_session(st, client, socket)))
+    Ok(upgrade
+        .max_message_size(limit)
+        .max_frame_size(limit)
+        .on_upgrade(move |socket| ws_session(st, client, socket)))
 }
 
 async fn ws_session(st: AppState, client: Option<String>, mut socket: WebSocket) {
@@ -781,11 +993,15 @@ async fn ws_session(st: AppState, client: Option<String>, mut socket: WebSocket)
 }
 
 fn rejected(e: ApiError) -> WsReply {
-    WsReply::Rejected { error: e.body().error }
+    WsReply::Rejected {
+        error: e.body().error,
+    }
 }
 
 fn ws_error(e: ApiError) -> WsReply {
-    WsReply::Error { error: e.body().error }
+    WsReply::Error {
+        error: e.body().error,
+    }
 }
 
 async fn send_json<T: Serialize>(socket: &mut WebSocket, v: &T) -> Result<(), axum::Error> {
@@ -797,7 +1013,12 @@ async fn send_text(socket: &mut WebSocket, text: String) -> Result<(), axum::Err
     socket.send(Message::Text(text.into())).await
 }
 
-async fn ws_message(st: &AppState, client: Option<&str>, watched: &mut HashSet<JobId>, text: &str) -> Vec<String> {
+async fn ws_message(
+    st: &AppState,
+    client: Option<&str>,
+    watched: &mut HashSet<JobId>,
+    text: &str,
+) -> Vec<String> {
     let msg: WsIn = match parse_json(text.as_bytes()) {
         Ok(m) => m,
         Err(e) => return vec![json(&ws_error(e))],
@@ -816,7 +1037,10 @@ async fn ws_message(st: &AppState, client: Option<&str>, watched: &mut HashSet<J
             match result {
                 Ok((id, position)) => {
                     watched.insert(id);
-                    vec![json(&WsReply::Accepted { id: id.to_string(), position })]
+                    vec![json(&WsReply::Accepted {
+                        id: id.to_string(),
+                        position,
+                    })]
                 }
                 Err(e) => vec![json(&rejected(e))],
             }

@@ -35,8 +35,14 @@ impl utoipa::Modify for Security {
     fn modify(&self, api: &mut utoipa::openapi::OpenApi) {
         use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
         let components = api.components.get_or_insert_with(Default::default);
-        components.add_security_scheme("bearer", SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()));
-        components.add_security_scheme("basic", SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Basic).build()));
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+        components.add_security_scheme(
+            "basic",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Basic).build()),
+        );
         api.info.version = env!("CARGO_PKG_VERSION").to_string();
     }
 }

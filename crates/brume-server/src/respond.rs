@@ -52,15 +52,25 @@ pub async fn errors(req: Request, next: Next) -> Response {
         Some(e) => e.clone(),
         None => {
             // axum's own rejection (no route, wrong method, body too large...): plain text.
-            let text = axum::body::to_bytes(body, 64 << 10).await.map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default();
+            let text = axum::body::to_bytes(body, 64 << 10)
+                .await
+                .map(|b| String::from_utf8_lossy(&b).into_owned())
+                .unwrap_or_default();
             let message = match (status, text.trim()) {
                 (StatusCode::NOT_FOUND, "") => "no such endpoint".to_string(),
-                (StatusCode::METHOD_NOT_ALLOWED, "") => "this endpoint does not take that method".to_string(),
+                (StatusCode::METHOD_NOT_ALLOWED, "") => {
+                    "this endpoint does not take that method".to_string()
+                }
                 (_, "") => status.canonical_reason().unwrap_or("error").to_string(),
                 (_, t) => clip(t, 300),
             };
             let mut e = ApiError::new(status, None, message);
-            if let Some(r) = parts.headers.get(header::RETRY_AFTER).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok()) {
+            if let Some(r) = parts
+                .headers
+                .get(header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse().ok())
+            {
                 e.retry_after = Some(r);
             }
             e
@@ -79,7 +89,9 @@ pub async fn errors(req: Request, next: Next) -> Response {
 
 fn render(fl: Flavour, e: &ApiError) -> Response {
     let body = match fl {
-        Flavour::Native => serde_json::json!({ "error": { "field": e.field, "message": e.message } }),
+        Flavour::Native => {
+            serde_json::json!({ "error": { "field": e.field, "message": e.message } })
+        }
         // A1111 (FastAPI) clients read `detail`; the field stays where brume's clients find it.
         Flavour::A1111 => serde_json::json!({
             "error": { "field": e.field, "message": e.message },
@@ -103,7 +115,11 @@ fn render(fl: Flavour, e: &ApiError) -> Response {
         }
     };
     // OpenAI answers every invalid request with 400 (its SDKs raise BadRequestError).
-    let status = if fl == Flavour::OpenAi && e.status == StatusCode::UNPROCESSABLE_ENTITY { StatusCode::BAD_REQUEST } else { e.status };
+    let status = if fl == Flavour::OpenAi && e.status == StatusCode::UNPROCESSABLE_ENTITY {
+        StatusCode::BAD_REQUEST
+    } else {
+        e.status
+    };
     let mut res = (status, axum::Json(body)).into_response();
     add_headers(&mut res, e);
     res.extensions_mut().insert(e.clone());
@@ -139,7 +155,8 @@ fn authorized(token: &str, headers: &HeaderMap, path: &str, query: Option<&str>)
             }
         }
     }
-    let streaming = path == "/api/v1/ws" || (path.starts_with("/api/v1/jobs/") && path.ends_with("/events"));
+    let streaming =
+        path == "/api/v1/ws" || (path.starts_with("/api/v1/jobs/") && path.ends_with("/events"));
     if streaming {
         if let Some(q) = query {
             for pair in q.split('&') {
@@ -162,7 +179,10 @@ fn percent_decode(s: &str) -> String {
     while i < bytes.len() {
         match bytes[i] {
             b'%' if i + 2 < bytes.len() => {
-                match u8::from_str_radix(std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("zz"), 16) {
+                match u8::from_str_radix(
+                    std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("zz"),
+                    16,
+                ) {
                     Ok(b) => {
                         out.push(b);
                         i += 3;
@@ -192,12 +212,23 @@ fn host_only(authority: &str) -> &str {
     if let Some(rest) = a.strip_prefix('[') {
         return rest.split(']').next().unwrap_or(rest);
     }
-    a.rsplit_once(':').map(|(h, p)| if p.chars().all(|c| c.is_ascii_digit()) { h } else { a }).unwrap_or(a)
+    a.rsplit_once(':')
+        .map(|(h, p)| {
+            if p.chars().all(|c| c.is_ascii_digit()) {
+                h
+            } else {
+                a
+            }
+        })
+        .unwrap_or(a)
 }
 
 fn is_loopback_name(host: &str) -> bool {
     let h = host.to_ascii_lowercase();
-    h == "localhost" || h.ends_with(".localhost") || h.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
+    h == "localhost"
+        || h.ends_with(".localhost")
+        || h.parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// Refuses requests from other web pages (an `Origin` that is neither this
@@ -207,13 +238,29 @@ fn is_loopback_name(host: &str) -> bool {
 pub async fn guard(State(st): State<AppState>, req: Request, next: Next) -> Response {
     let fl = flavour(req.uri().path());
     let headers = req.headers();
-    let host = headers.get(header::HOST).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let host = headers
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
     if st.settings.loopback && !host.is_empty() && !is_loopback_name(host_only(host)) {
-        return render(fl, &ApiError::forbidden("Host", "this server listens on loopback and answers only to localhost names"));
+        return render(
+            fl,
+            &ApiError::forbidden(
+                "Host",
+                "this server listens on loopback and answers only to localhost names",
+            ),
+        );
     }
     if let Some(origin) = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok()) {
-        let same_site = origin.split_once("://").map(|(_, auth)| auth.eq_ignore_ascii_case(host)).unwrap_or(false);
-        let allowed = st.settings.cors_origins.iter().any(|o| o == "*" || o.eq_ignore_ascii_case(origin));
+        let same_site = origin
+            .split_once("://")
+            .map(|(_, auth)| auth.eq_ignore_ascii_case(host))
+            .unwrap_or(false);
+        let allowed = st
+            .settings
+            .cors_origins
+            .iter()
+            .any(|o| o == "*" || o.eq_ignore_ascii_case(origin));
         if !same_site && !allowed && origin != "null" {
             return render(
                 fl,
@@ -223,7 +270,8 @@ pub async fn guard(State(st): State<AppState>, req: Request, next: Next) -> Resp
     }
     if let Some(token) = &st.settings.token {
         // Preflights carry no credentials; the CORS layer answers them.
-        let preflight = req.method() == axum::http::Method::OPTIONS && headers.contains_key(header::ACCESS_CONTROL_REQUEST_METHOD);
+        let preflight = req.method() == axum::http::Method::OPTIONS
+            && headers.contains_key(header::ACCESS_CONTROL_REQUEST_METHOD);
         if !preflight && !authorized(token, headers, req.uri().path(), req.uri().query()) {
             return render(fl, &ApiError::unauthorized());
         }
@@ -248,11 +296,24 @@ mod tests {
         assert!(authorized("s3cret", &h, "/api/v1/models", None));
         assert!(!authorized("other", &h, "/api/v1/models", None));
         let basic = base64::engine::general_purpose::STANDARD.encode("user:s3cret");
-        h.insert(header::AUTHORIZATION, format!("Basic {basic}").parse().unwrap());
+        h.insert(
+            header::AUTHORIZATION,
+            format!("Basic {basic}").parse().unwrap(),
+        );
         assert!(authorized("s3cret", &h, "/sdapi/v1/options", None));
         let none = HeaderMap::new();
-        assert!(authorized("a b", &none, "/api/v1/ws", Some("client=x&token=a%20b")));
-        assert!(!authorized("s3cret", &none, "/api/v1/models", Some("token=s3cret")));
+        assert!(authorized(
+            "a b",
+            &none,
+            "/api/v1/ws",
+            Some("client=x&token=a%20b")
+        ));
+        assert!(!authorized(
+            "s3cret",
+            &none,
+            "/api/v1/models",
+            Some("token=s3cret")
+        ));
     }
 
     #[test]
@@ -260,7 +321,11 @@ mod tests {
         assert_eq!(host_only("127.0.0.1:7860"), "127.0.0.1");
         assert_eq!(host_only("[::1]:7860"), "::1");
         assert_eq!(host_only("localhost"), "localhost");
-        assert!(is_loopback_name("localhost") && is_loopback_name("127.0.0.1") && is_loopback_name("::1"));
+        assert!(
+            is_loopback_name("localhost")
+                && is_loopback_name("127.0.0.1")
+                && is_loopback_name("::1")
+        );
         assert!(!is_loopback_name("evil.example"));
     }
 }

@@ -16,15 +16,26 @@ pub struct GallerySink {
 
 impl GallerySink {
     pub fn new(gallery: Arc<Gallery>) -> Self {
-        let ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or(0);
+        let ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis())
+            .unwrap_or(0);
         let session = format!("{ms:x}-{:08x}", rand::random::<u32>());
         Self { gallery, session }
     }
 }
 
 impl ResultSink for GallerySink {
-    fn store(&self, job: &StoreContext<'_>, images: &[GeneratedImage]) -> Result<Vec<String>, String> {
-        let parent = job.spec.parent.as_deref().and_then(|p| p.parse::<ImageId>().ok());
+    fn store(
+        &self,
+        job: &StoreContext<'_>,
+        images: &[GeneratedImage],
+    ) -> Result<Vec<String>, String> {
+        let parent = job
+            .spec
+            .parent
+            .as_deref()
+            .and_then(|p| p.parse::<ImageId>().ok());
         let timings = serde_json::to_value(job.timings).ok();
         let key = format!("{}:{}", self.session, job.job);
         let mut ids = Vec::with_capacity(images.len());

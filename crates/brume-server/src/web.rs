@@ -7,13 +7,26 @@ use axum::response::{IntoResponse, Response};
 use crate::error::ApiError;
 
 fn serve(path: &str) -> Result<Response, ApiError> {
-    let asset = brume_web::asset(path).ok_or_else(|| ApiError::not_found(format!("no file `{}`", crate::respond::clip(path, 80))))?;
-    let mut res = ([(header::CONTENT_TYPE, asset.mime), (header::X_CONTENT_TYPE_OPTIONS, "nosniff"), (header::CACHE_CONTROL, "no-cache")], asset.bytes).into_response();
+    let asset = brume_web::asset(path).ok_or_else(|| {
+        ApiError::not_found(format!("no file `{}`", crate::respond::clip(path, 80)))
+    })?;
+    let mut res = (
+        [
+            (header::CONTENT_TYPE, asset.mime),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        asset.bytes,
+    )
+        .into_response();
     if asset.mime.starts_with("text/html") {
         if let Ok(v) = header::HeaderValue::from_str(brume_web::CONTENT_SECURITY_POLICY) {
             res.headers_mut().insert(header::CONTENT_SECURITY_POLICY, v);
         }
-        res.headers_mut().insert(header::REFERRER_POLICY, header::HeaderValue::from_static("no-referrer"));
+        res.headers_mut().insert(
+            header::REFERRER_POLICY,
+            header::HeaderValue::from_static("no-referrer"),
+        );
     }
     Ok(res)
 }

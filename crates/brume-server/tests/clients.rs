@@ -11,7 +11,13 @@ use serde_json::{json, Value};
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a1111_clients_read_models_switch_generate_poll_and_interrupt() {
     // Two names for the built-in model, to see the switch take effect.
-    let s = start_with(|c| c.models.push(brume_runtime::ModelEntry { name: "second".into(), ..builtin() })).await;
+    let s = start_with(|c| {
+        c.models.push(brume_runtime::ModelEntry {
+            name: "second".into(),
+            ..builtin()
+        })
+    })
+    .await;
     // What SillyTavern / Open WebUI read first.
     let opts: Value = s.get("/sdapi/v1/options").await.json().await.unwrap();
     let title = opts["sd_model_checkpoint"].as_str().unwrap().to_string();
@@ -23,28 +29,78 @@ async fn a1111_clients_read_models_switch_generate_poll_and_interrupt() {
     assert_eq!(models[0]["model_name"], "builtin");
     assert_eq!(models[0]["hash"].as_str().unwrap().len(), 10);
     let samplers: Value = s.get("/sdapi/v1/samplers").await.json().await.unwrap();
-    let names: Vec<&str> = samplers.as_array().unwrap().iter().map(|x| x["name"].as_str().unwrap()).collect();
+    let names: Vec<&str> = samplers
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["name"].as_str().unwrap())
+        .collect();
     for n in ["Euler a", "DPM++ 2M Karras", "DDIM", "LCM"] {
         assert!(names.contains(&n), "{n} missing from {names:?}");
     }
     let scheds: Value = s.get("/sdapi/v1/schedulers").await.json().await.unwrap();
-    assert!(scheds.as_array().unwrap().iter().any(|x| x["name"] == "karras"));
-    assert_eq!(s.get("/sdapi/v1/upscalers").await.json::<Value>().await.unwrap(), json!([]));
+    assert!(scheds
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|x| x["name"] == "karras"));
+    assert_eq!(
+        s.get("/sdapi/v1/upscalers")
+            .await
+            .json::<Value>()
+            .await
+            .unwrap(),
+        json!([])
+    );
 
     // Switch (by title, as SillyTavern sends it); an unknown model is named.
-    assert_eq!(s.post_json("/sdapi/v1/options", &json!({"sd_model_checkpoint": title, "CLIP_stop_at_last_layers": 1})).await.status(), 200);
-    let bad = s.post_json("/sdapi/v1/options", &json!({"sd_model_checkpoint": "sdxl.safetensors"})).await;
+    assert_eq!(
+        s.post_json(
+            "/sdapi/v1/options",
+            &json!({"sd_model_checkpoint": title, "CLIP_stop_at_last_layers": 1})
+        )
+        .await
+        .status(),
+        200
+    );
+    let bad = s
+        .post_json(
+            "/sdapi/v1/options",
+            &json!({"sd_model_checkpoint": "sdxl.safetensors"}),
+        )
+        .await;
     assert_eq!(bad.status(), 422);
-    assert_eq!(bad.json::<Value>().await.unwrap()["error"]["field"], "sd_model_checkpoint");
+    assert_eq!(
+        bad.json::<Value>().await.unwrap()["error"]["field"],
+        "sd_model_checkpoint"
+    );
 
     // The switch takes effect for later requests, and options report it.
-    assert_eq!(s.post_json("/sdapi/v1/options", &json!({"sd_model_checkpoint": second})).await.status(), 200);
+    assert_eq!(
+        s.post_json("/sdapi/v1/options", &json!({"sd_model_checkpoint": second}))
+            .await
+            .status(),
+        200
+    );
     let opts: Value = s.get("/sdapi/v1/options").await.json().await.unwrap();
     assert_eq!(opts["sd_model_checkpoint"], second.as_str());
-    let body: Value = s.post_json("/sdapi/v1/txt2img", &json!({"prompt": PROMPT, "steps": 2})).await.json().await.unwrap();
+    let body: Value = s
+        .post_json("/sdapi/v1/txt2img", &json!({"prompt": PROMPT, "steps": 2}))
+        .await
+        .json()
+        .await
+        .unwrap();
     let info: Value = serde_json::from_str(body["info"].as_str().unwrap()).unwrap();
     assert_eq!(info["sd_model_name"], "second");
-    assert_eq!(s.post_json("/sdapi/v1/options", &json!({"sd_model_checkpoint": "builtin"})).await.status(), 200);
+    assert_eq!(
+        s.post_json(
+            "/sdapi/v1/options",
+            &json!({"sd_model_checkpoint": "builtin"})
+        )
+        .await
+        .status(),
+        200
+    );
 
     // txt2img as SillyTavern sends it (many fields brume ignores).
     let req = json!({
@@ -70,7 +126,15 @@ async fn a1111_clients_read_models_switch_generate_poll_and_interrupt() {
     check_png(&png, PROMPT);
 
     // png-info reads the recipe back.
-    let pi: Value = s.post_json("/sdapi/v1/png-info", &json!({"image": format!("data:image/png;base64,{}", images[0].as_str().unwrap())})).await.json().await.unwrap();
+    let pi: Value = s
+        .post_json(
+            "/sdapi/v1/png-info",
+            &json!({"image": format!("data:image/png;base64,{}", images[0].as_str().unwrap())}),
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
     assert!(pi["info"].as_str().unwrap().starts_with(PROMPT));
     assert_eq!(pi["items"]["parameters"], pi["info"]);
     assert_eq!(pi["parameters"]["Steps"], "3");
@@ -78,7 +142,12 @@ async fn a1111_clients_read_models_switch_generate_poll_and_interrupt() {
     // img2img with a mask (Open WebUI's edit shape).
     let req = json!({"prompt": "a yellow square", "init_images": [b64(&picture_png())], "mask": b64(&mask_png()),
         "denoising_strength": 0.6, "inpainting_mask_invert": 0, "mask_blur": 4, "inpainting_fill": 1, "steps": 2, "seed": 9});
-    let body: Value = s.post_json("/sdapi/v1/img2img", &req).await.json().await.unwrap();
+    let body: Value = s
+        .post_json("/sdapi/v1/img2img", &req)
+        .await
+        .json()
+        .await
+        .unwrap();
     let png = unb64(body["images"][0].as_str().unwrap());
     check_png(&png, "a yellow square");
     assert!(s.server.gallery().count(false).unwrap() >= 3);
@@ -87,7 +156,16 @@ async fn a1111_clients_read_models_switch_generate_poll_and_interrupt() {
     let long = json!({"prompt": "a blue circle", "steps": 150, "sampler_name": "DDIM", "seed": 2});
     let http = s.http.clone();
     let url = s.url("/sdapi/v1/txt2img");
-    let pending = tokio::spawn(async move { http.post(url).json(&long).send().await.unwrap().json::<Value>().await.unwrap() });
+    let pending = tokio::spawn(async move {
+        http.post(url)
+            .json(&long)
+            .send()
+            .await
+            .unwrap()
+            .json::<Value>()
+            .await
+            .unwrap()
+    });
     let mut seen = Value::Null;
     until(60, async || {
         seen = s.get("/sdapi/v1/progress").await.json().await.unwrap();
@@ -98,10 +176,26 @@ async fn a1111_clients_read_models_switch_generate_poll_and_interrupt() {
     assert_eq!(seen["state"]["sampling_steps"], 150);
     assert!(seen["progress"].as_f64().unwrap() > 0.0 && seen["progress"].as_f64().unwrap() < 1.0);
     assert!(seen["textinfo"].as_str().unwrap().contains("/150"));
-    let skipped: Value = s.get("/sdapi/v1/progress?skip_current_image=true").await.json().await.unwrap();
+    let skipped: Value = s
+        .get("/sdapi/v1/progress?skip_current_image=true")
+        .await
+        .json()
+        .await
+        .unwrap();
     assert!(skipped["current_image"].is_null());
-    assert_eq!(s.http.post(s.url("/sdapi/v1/interrupt")).send().await.unwrap().status(), 200);
-    let body = tokio::time::timeout(Duration::from_secs(30), pending).await.unwrap().unwrap();
+    assert_eq!(
+        s.http
+            .post(s.url("/sdapi/v1/interrupt"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let body = tokio::time::timeout(Duration::from_secs(30), pending)
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(body["images"], json!([]));
     let after: Value = s.get("/sdapi/v1/progress").await.json().await.unwrap();
     assert_eq!(after["state"]["interrupted"], true);
@@ -117,11 +211,20 @@ async fn a1111_bad_fields_are_named_with_a1111_names() {
         (json!({"prompt": "x", "cfg_scale": 1000}), "cfg_scale"),
         (json!({"prompt": "x", "width": 100}), "width"),
         (json!({"prompt": "x", "batch_size": 50}), "batch_size"),
-        (json!({"prompt": "x", "sampler_name": "Euler z"}), "sampler_name"),
-        (json!({"prompt": "x", "sampler_name": "Euler", "scheduler": "Karras"}), "scheduler"),
+        (
+            json!({"prompt": "x", "sampler_name": "Euler z"}),
+            "sampler_name",
+        ),
+        (
+            json!({"prompt": "x", "sampler_name": "Euler", "scheduler": "Karras"}),
+            "scheduler",
+        ),
         (json!({"prompt": "x", "steps": "ten"}), "steps"),
         (json!({"prompt": "x", "seed": 1.5}), "seed"),
-        (json!({"prompt": "x", "override_settings": {"sd_model_checkpoint": "nope"}}), "override_settings.sd_model_checkpoint"),
+        (
+            json!({"prompt": "x", "override_settings": {"sd_model_checkpoint": "nope"}}),
+            "override_settings.sd_model_checkpoint",
+        ),
     ];
     for (body, field) in cases {
         let res = s.post_json("/sdapi/v1/txt2img", &body).await;
@@ -130,9 +233,22 @@ async fn a1111_bad_fields_are_named_with_a1111_names() {
         assert_eq!(e["error"]["field"], field, "{body}: {e}");
         assert!(e["detail"].as_str().unwrap().starts_with(field));
     }
-    let res = s.post_json("/sdapi/v1/img2img", &json!({"prompt": "x", "init_images": ["not base64!"]})).await;
-    assert_eq!(res.json::<Value>().await.unwrap()["error"]["field"], "init_images[0]");
-    let res = s.post_json("/sdapi/v1/img2img", &json!({"prompt": "x", "init_images": [b64(b"GIF89a garbage")]})).await;
+    let res = s
+        .post_json(
+            "/sdapi/v1/img2img",
+            &json!({"prompt": "x", "init_images": ["not base64!"]}),
+        )
+        .await;
+    assert_eq!(
+        res.json::<Value>().await.unwrap()["error"]["field"],
+        "init_images[0]"
+    );
+    let res = s
+        .post_json(
+            "/sdapi/v1/img2img",
+            &json!({"prompt": "x", "init_images": [b64(b"GIF89a garbage")]}),
+        )
+        .await;
     assert_eq!(res.status(), 422);
     let res = s.post_json("/sdapi/v1/img2img", &json!({"prompt": "x", "init_images": [b64(&picture_png())], "mask": b64(&encode(&image::DynamicImage::new_luma8(64, 64)))})).await;
     assert_eq!(res.json::<Value>().await.unwrap()["error"]["field"], "mask");
@@ -155,16 +271,38 @@ async fn openai_generations_and_edits_with_a_mask() {
         check_png(&unb64(d["b64_json"].as_str().unwrap()), PROMPT);
     }
     // JPEG and WebP copies decode (the recipe travels only in PNGs and the gallery).
-    for (fmt, want) in [("jpeg", image::ImageFormat::Jpeg), ("webp", image::ImageFormat::WebP)] {
-        let body: Value = s.post_json("/v1/images/generations", &json!({"prompt": PROMPT, "size": "auto", "output_format": fmt, "steps": 2})).await.json().await.unwrap();
+    for (fmt, want) in [
+        ("jpeg", image::ImageFormat::Jpeg),
+        ("webp", image::ImageFormat::WebP),
+    ] {
+        let body: Value = s
+            .post_json(
+                "/v1/images/generations",
+                &json!({"prompt": PROMPT, "size": "auto", "output_format": fmt, "steps": 2}),
+            )
+            .await
+            .json()
+            .await
+            .unwrap();
         let bytes = unb64(body["data"][0]["b64_json"].as_str().unwrap());
         assert_eq!(image::guess_format(&bytes).unwrap(), want);
         image::load_from_memory(&bytes).unwrap();
     }
     // response_format=url: a gallery URL on this server.
-    let body: Value = s.post_json("/v1/images/generations", &json!({"prompt": PROMPT, "response_format": "url", "steps": 2})).await.json().await.unwrap();
+    let body: Value = s
+        .post_json(
+            "/v1/images/generations",
+            &json!({"prompt": PROMPT, "response_format": "url", "steps": 2}),
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
     let url = body["data"][0]["url"].as_str().unwrap();
-    check_png(&s.http.get(url).send().await.unwrap().bytes().await.unwrap(), PROMPT);
+    check_png(
+        &s.http.get(url).send().await.unwrap().bytes().await.unwrap(),
+        PROMPT,
+    );
 
     // Errors in OpenAI's shape.
     for (req, param) in [
@@ -172,8 +310,14 @@ async fn openai_generations_and_edits_with_a_mask() {
         (json!({"prompt": PROMPT, "size": "100x100"}), "size"),
         (json!({"prompt": PROMPT, "n": 0}), "n"),
         (json!({"prompt": PROMPT, "n": 99}), "n"),
-        (json!({"prompt": PROMPT, "response_format": "gif"}), "response_format"),
-        (json!({"prompt": PROMPT, "model": "stable-diffusion-9"}), "model"),
+        (
+            json!({"prompt": PROMPT, "response_format": "gif"}),
+            "response_format",
+        ),
+        (
+            json!({"prompt": PROMPT, "model": "stable-diffusion-9"}),
+            "model",
+        ),
         (json!({"n": 1}), "prompt"),
     ] {
         let res = s.post_json("/v1/images/generations", &req).await;
@@ -196,9 +340,27 @@ async fn openai_generations_and_edits_with_a_mask() {
         .text("n", "1")
         .text("size", "128x128")
         .text("seed", "4")
-        .part("image", reqwest::multipart::Part::bytes(picture_png()).file_name("image.png").mime_str("image/png").unwrap())
-        .part("mask", reqwest::multipart::Part::bytes(encode(&image::DynamicImage::ImageRgba8(mask))).file_name("mask.png").mime_str("image/png").unwrap());
-    let res = s.http.post(s.url("/v1/images/edits")).multipart(form).send().await.unwrap();
+        .part(
+            "image",
+            reqwest::multipart::Part::bytes(picture_png())
+                .file_name("image.png")
+                .mime_str("image/png")
+                .unwrap(),
+        )
+        .part(
+            "mask",
+            reqwest::multipart::Part::bytes(encode(&image::DynamicImage::ImageRgba8(mask)))
+                .file_name("mask.png")
+                .mime_str("image/png")
+                .unwrap(),
+        );
+    let res = s
+        .http
+        .post(s.url("/v1/images/edits"))
+        .multipart(form)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(res.status(), 200);
     let body: Value = res.json().await.unwrap();
     let png = unb64(body["data"][0]["b64_json"].as_str().unwrap());
@@ -206,15 +368,31 @@ async fn openai_generations_and_edits_with_a_mask() {
     let src = image::load_from_memory(&picture_png()).unwrap().to_rgb8();
     for (x, y, p) in got.enumerate_pixels() {
         if !(24..104).contains(&x) || !(24..104).contains(&y) {
-            assert_eq!(p, src.get_pixel(x, y), "pixel ({x}, {y}) outside the mask changed");
+            assert_eq!(
+                p,
+                src.get_pixel(x, y),
+                "pixel ({x}, {y}) outside the mask changed"
+            );
         }
     }
     // A mask without alpha, or of another size, is refused naming it.
     let form = reqwest::multipart::Form::new()
         .text("prompt", "x")
-        .part("image", reqwest::multipart::Part::bytes(picture_png()).file_name("image.png"))
-        .part("mask", reqwest::multipart::Part::bytes(mask_png()).file_name("mask.png"));
-    let res = s.http.post(s.url("/v1/images/edits")).multipart(form).send().await.unwrap();
+        .part(
+            "image",
+            reqwest::multipart::Part::bytes(picture_png()).file_name("image.png"),
+        )
+        .part(
+            "mask",
+            reqwest::multipart::Part::bytes(mask_png()).file_name("mask.png"),
+        );
+    let res = s
+        .http
+        .post(s.url("/v1/images/edits"))
+        .multipart(form)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(res.status(), 400);
     assert_eq!(res.json::<Value>().await.unwrap()["error"]["param"], "mask");
     s.stop().await;

@@ -47,10 +47,17 @@ async fn bad_requests_get_a_4xx_naming_the_field_and_the_server_keeps_serving() 
         ("PUT", "/api/v1/models", String::new(), 405, None),
     ];
     for (method, path, body, status, field) in cases {
-        let req = s.http.request(method.parse().unwrap(), s.url(path)).header("content-type", "application/json").body(body.clone());
+        let req = s
+            .http
+            .request(method.parse().unwrap(), s.url(path))
+            .header("content-type", "application/json")
+            .body(body.clone());
         let res = req.send().await.unwrap();
         assert_eq!(res.status().as_u16(), status, "{method} {path} {body}");
-        let e: Value = res.json().await.unwrap_or_else(|_| panic!("{method} {path}: the error is JSON"));
+        let e: Value = res
+            .json()
+            .await
+            .unwrap_or_else(|_| panic!("{method} {path}: the error is JSON"));
         assert!(e["error"]["message"].is_string(), "{method} {path}: {e}");
         if let Some(f) = field {
             assert_eq!(e["error"]["field"], f, "{method} {path} {body}: {e}");
@@ -59,11 +66,18 @@ async fn bad_requests_get_a_4xx_naming_the_field_and_the_server_keeps_serving() 
     // A body over the limit: 413, as JSON.
     let big = vec![b'a'; 33 << 20];
     // (Its own client: the server answers before reading it all and closes that connection.)
-    let res = reqwest::Client::new().post(s.url("/api/v1/jobs")).body(big).send().await.unwrap();
+    let res = reqwest::Client::new()
+        .post(s.url("/api/v1/jobs"))
+        .body(big)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(res.status(), 413);
     assert!(res.json::<Value>().await.unwrap()["error"]["message"].is_string());
     // Still serving.
-    let res = s.post_json("/api/v1/jobs", &json!({"prompt": PROMPT, "steps": 2})).await;
+    let res = s
+        .post_json("/api/v1/jobs", &json!({"prompt": PROMPT, "steps": 2}))
+        .await;
     assert_eq!(res.status(), 202);
     assert_eq!(s.get("/api/v1/models").await.status(), 200);
     s.stop().await;
@@ -74,23 +88,70 @@ async fn with_a_token_every_request_needs_it() {
     let s = start_with(|c| c.token = Some("s3cret".into())).await;
     let res = s.get("/api/v1/models").await;
     assert_eq!(res.status(), 401);
-    let auth: Vec<_> = res.headers().get_all("www-authenticate").iter().map(|v| v.to_str().unwrap().to_string()).collect();
-    assert!(auth.iter().any(|a| a.starts_with("Bearer")) && auth.iter().any(|a| a.starts_with("Basic")), "{auth:?}");
-    assert_eq!(res.json::<Value>().await.unwrap()["error"]["field"], "Authorization");
+    let auth: Vec<_> = res
+        .headers()
+        .get_all("www-authenticate")
+        .iter()
+        .map(|v| v.to_str().unwrap().to_string())
+        .collect();
+    assert!(
+        auth.iter().any(|a| a.starts_with("Bearer")) && auth.iter().any(|a| a.starts_with("Basic")),
+        "{auth:?}"
+    );
+    assert_eq!(
+        res.json::<Value>().await.unwrap()["error"]["field"],
+        "Authorization"
+    );
     assert_eq!(s.get("/").await.status(), 401);
-    assert_eq!(s.http.get(s.url("/api/v1/models")).bearer_auth("wrong").send().await.unwrap().status(), 401);
-    assert_eq!(s.http.get(s.url("/api/v1/models")).bearer_auth("s3cret").send().await.unwrap().status(), 200);
+    assert_eq!(
+        s.http
+            .get(s.url("/api/v1/models"))
+            .bearer_auth("wrong")
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        401
+    );
+    assert_eq!(
+        s.http
+            .get(s.url("/api/v1/models"))
+            .bearer_auth("s3cret")
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
     // A1111 clients: HTTP Basic with the token as the password.
-    assert_eq!(s.http.get(s.url("/sdapi/v1/options")).basic_auth("any", Some("s3cret")).send().await.unwrap().status(), 200);
+    assert_eq!(
+        s.http
+            .get(s.url("/sdapi/v1/options"))
+            .basic_auth("any", Some("s3cret"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
     // OpenAI clients: Bearer; errors in OpenAI's shape.
     let res = s.get("/v1/models").await;
     assert_eq!(res.status(), 401);
-    assert_eq!(res.json::<Value>().await.unwrap()["error"]["code"], "invalid_api_key");
+    assert_eq!(
+        res.json::<Value>().await.unwrap()["error"]["code"],
+        "invalid_api_key"
+    );
     // ?token= only where browsers cannot set headers.
     assert_eq!(s.get("/api/v1/models?token=s3cret").await.status(), 401);
-    let ws = tokio_tungstenite::connect_async(format!("ws://{}/api/v1/ws?client=a&token=s3cret", s.server.addr())).await;
+    let ws = tokio_tungstenite::connect_async(format!(
+        "ws://{}/api/v1/ws?client=a&token=s3cret",
+        s.server.addr()
+    ))
+    .await;
     assert!(ws.is_ok(), "the WebSocket takes ?token=");
-    let ws = tokio_tungstenite::connect_async(format!("ws://{}/api/v1/ws?client=a", s.server.addr())).await;
+    let ws =
+        tokio_tungstenite::connect_async(format!("ws://{}/api/v1/ws?client=a", s.server.addr()))
+            .await;
     assert!(ws.is_err(), "the WebSocket needs the token");
     s.stop().await;
 }
@@ -104,17 +165,36 @@ async fn a_non_loopback_address_without_a_token_refuses_to_start() {
         Ok(_) => panic!("started without a token on 0.0.0.0"),
         Err(e) => e.to_string(),
     };
-    assert!(err.contains("without a token") && err.contains("--token"), "{err}");
-    assert!(!dir.path().join("data").exists(), "nothing was created before refusing");
+    assert!(
+        err.contains("without a token") && err.contains("--token"),
+        "{err}"
+    );
+    assert!(
+        !dir.path().join("data").exists(),
+        "nothing was created before refusing"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn past_the_queue_limit_requests_get_429_with_retry_after() {
     let s = start_with(|c| c.queue_limit = 1).await;
     let long = json!({"prompt": "a circle", "steps": 150, "seed": 1, "preview_every": 0});
-    let first: Value = s.post_json("/api/v1/jobs", &long).await.json().await.unwrap();
+    let first: Value = s
+        .post_json("/api/v1/jobs", &long)
+        .await
+        .json()
+        .await
+        .unwrap();
     let id = first["id"].as_str().unwrap().to_string();
-    until(60, async || s.get(&format!("/api/v1/jobs/{id}")).await.json::<Value>().await.unwrap()["state"] == "running").await;
+    until(60, async || {
+        s.get(&format!("/api/v1/jobs/{id}"))
+            .await
+            .json::<Value>()
+            .await
+            .unwrap()["state"]
+            == "running"
+    })
+    .await;
     let second = s.post_json("/api/v1/jobs", &long).await;
     assert_eq!(second.status(), 202);
     let second: Value = second.json().await.unwrap();
@@ -126,16 +206,38 @@ async fn past_the_queue_limit_requests_get_429_with_retry_after() {
     ] {
         let res = s.post_json(path, &body).await;
         assert_eq!(res.status(), 429, "{path}");
-        let secs: u64 = res.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+        let secs: u64 = res.headers()["retry-after"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
         assert!(secs >= 1);
     }
     // Cancel both (POST .../cancel and DELETE).
-    let c: Value = s.post_json(&format!("/api/v1/jobs/{id}/cancel"), &json!({})).await.json().await.unwrap();
+    let c: Value = s
+        .post_json(&format!("/api/v1/jobs/{id}/cancel"), &json!({}))
+        .await
+        .json()
+        .await
+        .unwrap();
     assert_eq!(c["id"], id.as_str());
     let sid = second["id"].as_str().unwrap();
-    let c: Value = s.http.delete(s.url(&format!("/api/v1/jobs/{sid}"))).send().await.unwrap().json().await.unwrap();
+    let c: Value = s
+        .http
+        .delete(s.url(&format!("/api/v1/jobs/{sid}")))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     assert_eq!(c["state"], "cancelled");
-    let events = s.get(&format!("/api/v1/jobs/{id}/events")).await.text().await.unwrap();
+    let events = s
+        .get(&format!("/api/v1/jobs/{id}/events"))
+        .await
+        .text()
+        .await
+        .unwrap();
     assert!(events.contains("\"reason\":\"user\""), "{events}");
     s.stop().await;
 }
@@ -143,19 +245,52 @@ async fn past_the_queue_limit_requests_get_429_with_retry_after() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn other_web_pages_and_rebinding_hosts_are_refused_unless_allowed() {
     let s = start().await;
-    let res = s.http.get(s.url("/api/v1/models")).header("origin", "http://evil.example").send().await.unwrap();
+    let res = s
+        .http
+        .get(s.url("/api/v1/models"))
+        .header("origin", "http://evil.example")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(res.status(), 403);
-    assert_eq!(res.json::<Value>().await.unwrap()["error"]["field"], "Origin");
+    assert_eq!(
+        res.json::<Value>().await.unwrap()["error"]["field"],
+        "Origin"
+    );
     let same = format!("http://{}", s.server.addr());
-    assert_eq!(s.http.get(s.url("/api/v1/models")).header("origin", same).send().await.unwrap().status(), 200);
-    let res = s.http.get(s.url("/api/v1/models")).header("host", "attacker.example:7860").send().await.unwrap();
+    assert_eq!(
+        s.http
+            .get(s.url("/api/v1/models"))
+            .header("origin", same)
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let res = s
+        .http
+        .get(s.url("/api/v1/models"))
+        .header("host", "attacker.example:7860")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(res.status(), 403);
     assert!(res.headers().get("access-control-allow-origin").is_none());
     s.stop().await;
 
     let s = start_with(|c| c.cors_origins = vec!["http://localhost:3000".into()]).await;
-    let res = s.http.get(s.url("/api/v1/models")).header("origin", "http://localhost:3000").send().await.unwrap();
+    let res = s
+        .http
+        .get(s.url("/api/v1/models"))
+        .header("origin", "http://localhost:3000")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(res.status(), 200);
-    assert_eq!(res.headers()["access-control-allow-origin"], "http://localhost:3000");
+    assert_eq!(
+        res.headers()["access-control-allow-origin"],
+        "http://localhost:3000"
+    );
     s.stop().await;
 }

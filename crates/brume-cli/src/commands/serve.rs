@@ -57,10 +57,19 @@ fn model_entries(specs: &[String]) -> anyhow::Result<Vec<ModelEntry>> {
     if specs.is_empty() {
         // $BRUME_BUILTIN_MODEL (a folder) stands in for the embedded copy, as for `generate`.
         let source = match std::env::var_os("BRUME_BUILTIN_MODEL") {
-            Some(p) => ModelSource::Path { path: PathBuf::from(p), config_dir: None, variant: None },
-            None => ModelSource::Embedded { files: crate::builtin::FILES },
+            Some(p) => ModelSource::Path {
+                path: PathBuf::from(p),
+                config_dir: None,
+                variant: None,
+            },
+            None => ModelSource::Embedded {
+                files: crate::builtin::FILES,
+            },
         };
-        return Ok(vec![ModelEntry { name: "builtin".into(), source }]);
+        return Ok(vec![ModelEntry {
+            name: "builtin".into(),
+            source,
+        }]);
     }
     specs
         .iter()
@@ -69,7 +78,10 @@ fn model_entries(specs: &[String]) -> anyhow::Result<Vec<ModelEntry>> {
                 Some((n, p)) => (n.trim().to_string(), PathBuf::from(p)),
                 None => {
                     let p = PathBuf::from(s);
-                    let n = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                    let n = p
+                        .file_name()
+                        .map(|n| n.to_string_lossy().into_owned())
+                        .unwrap_or_default();
                     (n, p)
                 }
             };
@@ -79,7 +91,14 @@ fn model_entries(specs: &[String]) -> anyhow::Result<Vec<ModelEntry>> {
             if !path.exists() {
                 bail!("--model {s}: {} does not exist", path.display());
             }
-            Ok(ModelEntry { name, source: ModelSource::Path { path, config_dir: None, variant: None } })
+            Ok(ModelEntry {
+                name,
+                source: ModelSource::Path {
+                    path,
+                    config_dir: None,
+                    variant: None,
+                },
+            })
         })
         .collect()
 }
@@ -89,16 +108,26 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .listen
         .replace("localhost:", "127.0.0.1:")
         .parse()
-        .with_context(|| format!("--listen {}: expected an address like 127.0.0.1:7860 or 0.0.0.0:7860", args.listen))?;
+        .with_context(|| {
+            format!(
+                "--listen {}: expected an address like 127.0.0.1:7860 or 0.0.0.0:7860",
+                args.listen
+            )
+        })?;
     let token = match (&args.token, &args.token_file) {
         (Some(t), _) => Some(t.clone()),
         (None, Some(f)) => {
-            let text = std::fs::read_to_string(f).with_context(|| format!("--token-file {}", f.display()))?;
+            let text = std::fs::read_to_string(f)
+                .with_context(|| format!("--token-file {}", f.display()))?;
             Some(text.lines().next().unwrap_or("").trim().to_string())
         }
         (None, None) => None,
     };
-    let data_dir = match args.data_dir.clone().or_else(brume_server::default_data_dir) {
+    let data_dir = match args
+        .data_dir
+        .clone()
+        .or_else(brume_server::default_data_dir)
+    {
         Some(d) => d,
         None => bail!("no data directory: pass --data-dir DIR (or set $BRUME_DATA_DIR or $HOME)"),
     };
@@ -109,7 +138,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     config.default_model = args.default_model.clone();
     config.memory = args.memory.policy();
     config.queue_limit = args.queue_limit.max(1);
-    config.max_job_time = (args.max_job_seconds > 0).then(|| Duration::from_secs(args.max_job_seconds));
+    config.max_job_time =
+        (args.max_job_seconds > 0).then(|| Duration::from_secs(args.max_job_seconds));
     config.body_limit = args.max_body_mib.max(1) << 20;
     config.check()?;
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -12,7 +12,14 @@ pub const PROMPT: &str = "a red circle on a blue background";
 
 pub fn builtin() -> ModelEntry {
     let path = PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../models/builtin"));
-    ModelEntry { name: "builtin".into(), source: ModelSource::Path { path, config_dir: None, variant: None } }
+    ModelEntry {
+        name: "builtin".into(),
+        source: ModelSource::Path {
+            path,
+            config_dir: None,
+            variant: None,
+        },
+    }
 }
 
 pub struct TestServer {
@@ -32,7 +39,12 @@ impl TestServer {
     }
 
     pub async fn post_json(&self, path: &str, body: &serde_json::Value) -> reqwest::Response {
-        self.http.post(self.url(path)).json(body).send().await.expect("request")
+        self.http
+            .post(self.url(path))
+            .json(body)
+            .send()
+            .await
+            .expect("request")
     }
 
     pub async fn stop(self) {
@@ -45,10 +57,20 @@ pub async fn start_with(f: impl FnOnce(&mut ServerConfig)) -> TestServer {
     let mut config = ServerConfig::new(vec![builtin()], dir.path().join("data"));
     config.listen = "127.0.0.1:0".parse().unwrap();
     f(&mut config);
-    let server = brume_server::serve(config).await.expect("the server starts");
+    let server = brume_server::serve(config)
+        .await
+        .expect("the server starts");
     let base = format!("http://{}", server.addr());
-    let http = reqwest::Client::builder().timeout(Duration::from_secs(120)).build().unwrap();
-    TestServer { server, base, http, dir }
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(120))
+        .build()
+        .unwrap();
+    TestServer {
+        server,
+        base,
+        http,
+        dir,
+    }
 }
 
 pub async fn start() -> TestServer {
@@ -63,11 +85,20 @@ pub fn png_text(png: &[u8]) -> Vec<(String, String)> {
 
 /// Decodes a PNG and checks it carries brume's recipe for `prompt`.
 pub fn check_png(png: &[u8], prompt: &str) -> image::DynamicImage {
-    let img = image::load_from_memory_with_format(png, image::ImageFormat::Png).expect("a PNG that decodes");
+    let img = image::load_from_memory_with_format(png, image::ImageFormat::Png)
+        .expect("a PNG that decodes");
     let text = png_text(png);
-    let params = text.iter().find(|(k, _)| k == "parameters").map(|(_, v)| v.clone()).expect("a parameters chunk");
+    let params = text
+        .iter()
+        .find(|(k, _)| k == "parameters")
+        .map(|(_, v)| v.clone())
+        .expect("a parameters chunk");
     assert!(params.starts_with(prompt), "parameters text: {params}");
-    let recipe = text.iter().find(|(k, _)| k == "brume-recipe").map(|(_, v)| v.clone()).expect("a brume-recipe chunk");
+    let recipe = text
+        .iter()
+        .find(|(k, _)| k == "brume-recipe")
+        .map(|(_, v)| v.clone())
+        .expect("a brume-recipe chunk");
     let r: serde_json::Value = serde_json::from_str(&recipe).unwrap();
     assert_eq!(r["prompt"], prompt);
     img
@@ -80,7 +111,9 @@ pub fn b64(bytes: &[u8]) -> String {
 
 pub fn unb64(s: &str) -> Vec<u8> {
     use base64::Engine;
-    base64::engine::general_purpose::STANDARD.decode(s).expect("base64")
+    base64::engine::general_purpose::STANDARD
+        .decode(s)
+        .expect("base64")
 }
 
 /// A 128 x 128 picture: a red disc on blue, as PNG.
@@ -103,7 +136,13 @@ pub fn encode(img: &image::DynamicImage) -> Vec<u8> {
 
 /// A white square (repaint) in the middle of black, 128 x 128.
 pub fn mask_png() -> Vec<u8> {
-    let m = image::GrayImage::from_fn(128, 128, |x, y| image::Luma([if (32..96).contains(&x) && (32..96).contains(&y) { 255 } else { 0 }]));
+    let m = image::GrayImage::from_fn(128, 128, |x, y| {
+        image::Luma([if (32..96).contains(&x) && (32..96).contains(&y) {
+            255
+        } else {
+            0
+        }])
+    });
     encode(&image::DynamicImage::ImageLuma8(m))
 }
 
