@@ -717,17 +717,17 @@ fn latency(a: &ServeArgs, child: &ServeChild) -> anyhow::Result<Vec<String>> {
     let steps = a.latency_steps;
     let entry = super::ModelArgs { model: None, config: None, variant: None, unet: None }.entry();
     let rt = Runtime::start(RuntimeConfig::new(vec![entry])).context("starting the library runtime")?;
-    let lib_job = |seed: u64| -> anyhow::Result<(f64, bool)> {
+    let lib_job = |seed: u64| -> anyhow::Result<(f64, bool, f64)> {
         let spec = JobSpec { steps, seed: Some(seed), width: Some(size), height: Some(size), previews: PreviewPolicy::OFF, ..JobSpec::txt2img(prompt) };
         let t = Instant::now();
         let id = rt.submit(spec).context("library submit")?;
         let s = wait_helping(&rt, id).context("library job forgotten")?;
         let ms = t.elapsed().as_secs_f64() * 1000.0;
         let out = s.output.context("library job gave no result")?;
-        Ok((ms, out.timings.text_encoder_cached))
+        Ok((ms, out.timings.text_encoder_cached, out.timings.total_ms))
     };
     let addr = child.addr;
-    let http_job = |seed: u64| -> anyhow::Result<(f64, bool, f64)> {
+    let http_job = |seed: u64| -> anyhow::Result<(f64, bool, f64, f64)> {
         let mut body = json!({"prompt": prompt, "width": size, "height": size, "seed": seed, "preview_every": 0});
         if let Some(s) = steps {
             body["steps"] = json!(s);
@@ -752,21 +752,33 @@ fn latency(a: &ServeArgs, child: &ServeChild) -> anyhow::Result<Vec<String>> {
             bail!("latency job ended {ev}");
         }
         let timings = &ev["result"]["timings"];
-        Ok((ms, timings["text_encoder_cached"].as_bool().unwrap_or(false), timings["text_encoder_ms"].as_f64().unwrap_or(f64::NAN)))
+        Ok((
+            ms,
+            timings["text_encoder_cached"].as_bool().unwrap_or(false),
+            timings["text_encoder_ms"].as_f64().unwrap_or(f64::NAN),
+            timings["total_ms"].as_f64().unwrap_or(f64::NAN),
+        ))
     };
     // First of each: the prompt's first encoding (and the library's model load).
-    let (first_http, first_cached, first_te) = http_job(1000)?;
-    let (first_lib, _) = lib_job(1000)?;
+    let (first_http, first_cached, first_te, _) = http_job(1000)?;
+    let (first_lib, _, _) = lib_job(1000)?;
     let (mut h, mut l) = (Vec::new(), Vec::new());
+    // The job's own time (timings.total_ms) on each side, and what the wall adds to it.
+    let (mut h_in, mut l_in, mut h_over, mut l_over) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut cached = 0;
     let mut te_ms = Vec::new();
     for i in 0..a.latency_runs {
         let seed = 1001 + i as u64;
-        let (ms, c, te) = http_job(seed)?;
+        let (ms, c, te, total) = http_job(seed)?;
         h.push(ms);
+        h_in.push(total);
+        h_over.push(ms - total);
         te_ms.push(te);
         cached += c as usize;
-        l.push(lib_job(seed)?.0);
+        let (ms, _, total) = lib_job(seed)?;
+        l.push(ms);
+        l_in.push(total);
+        l_over.push(ms - total);
     }
     rt.shutdown();
     let (hm, lm) = (super::bench::median(&h).unwrap_or(f64::NAN), super::bench::median(&l).unwrap_or(f64::NAN));
@@ -784,6 +796,10 @@ fn latency(a: &ServeArgs, child: &ServeChild) -> anyhow::Result<Vec<String>> {
     };
     row("HTTP (POST /api/v1/jobs + SSE)", &h);
     row("library (brume_runtime)", &l);
+    row("  HTTP: the job's own total_ms", &h_in);
+    row("  library: the job's own total_ms", &l_in);
+    row("  HTTP: wall - total_ms", &h_over);
+    row("  library: wall - total_ms", &l_over);
     println!("ratio HTTP/library {:.3}, difference {:+.1} ms: {} (bar: within 10 % or 20 ms)", hm / lm, hm - lm, if within { "PASS" } else { "FAIL" });
     println!("first runs: HTTP {first_http:.1} ms (text encoder cached: {first_cached}, {first_te:.1} ms), library {first_lib:.1} ms");
     println!(
