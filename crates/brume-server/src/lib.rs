@@ -111,14 +111,18 @@ impl Server {
         let _ = rx.wait_for(|v| *v).await;
     }
 
-    /// Stops taking requests, cancels the queued jobs and the running one at
-    /// its next step (their waiting requests answer), ends the event streams,
-    /// and waits for open requests to finish (at most 10 s).
+    /// Cancels the queued jobs and the running one at its next step (their
+    /// waiting requests answer, their streams get the last event), then stops
+    /// taking requests, ends the remaining event streams, and waits for open
+    /// requests to finish (at most 10 s).
     pub async fn shutdown(self) {
-        let _ = self.stop.send(true);
+        // The runtime first: its jobs end as cancelled (reason shutdown) and
+        // that last event still reaches the streams watching them.
         let rt = self.runtime.clone();
         let _ = tokio::task::spawn_blocking(move || rt.shutdown()).await;
         tracing::debug!("runtime stopped");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let _ = self.stop.send(true);
         match tokio::time::timeout(Duration::from_secs(10), self.task).await {
             Ok(Ok(Ok(()))) => {}
             Ok(Ok(Err(e))) => tracing::warn!("the server stopped with an error: {e}"),

@@ -294,3 +294,45 @@ async fn other_web_pages_and_rebinding_hosts_are_refused_unless_allowed() {
     );
     s.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_answers_waiting_requests_and_ends_event_streams() {
+    let s = start().await;
+    let long = json!({"prompt": "a circle", "steps": 150, "seed": 1});
+    let (http, url) = (s.http.clone(), s.url("/sdapi/v1/txt2img"));
+    let waiting = tokio::spawn(async move {
+        http.post(url)
+            .json(&long)
+            .send()
+            .await
+            .map(|r| r.status().as_u16())
+    });
+    until(60, async || {
+        s.server.runtime().running().is_some_and(
+            |r| matches!(r.state, brume_runtime::JobState::Running { step, .. } if step >= 1),
+        )
+    })
+    .await;
+    let id = s.server.runtime().running().unwrap().id;
+    let (http, url) = (s.http.clone(), s.url(&format!("/api/v1/jobs/{id}/events")));
+    let events =
+        tokio::spawn(async move { http.get(url).send().await.unwrap().text().await.unwrap() });
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let t = std::time::Instant::now();
+    s.server.shutdown().await;
+    assert!(
+        t.elapsed() < std::time::Duration::from_secs(5),
+        "shutdown took {:?}",
+        t.elapsed()
+    );
+    assert_eq!(
+        waiting.await.unwrap().unwrap(),
+        200,
+        "the waiting request was answered"
+    );
+    let text = tokio::time::timeout(std::time::Duration::from_secs(5), events)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(text.contains("\"reason\":\"shutdown\""), "{text}");
+}
