@@ -180,17 +180,33 @@ const scheduler = new Scheduler({
       showError(err);
     }
   },
-  onError: showError,
+  onError: (err) => {
+    // The picture the canvas came from was deleted from the gallery: edit on without the link.
+    if (err instanceof ApiError && err.field === 'parent') {
+      parentId = null;
+      showError('The gallery picture this canvas came from was deleted; the next job starts a new lineage.');
+      return;
+    }
+    showError(err);
+  },
 });
 
 // ---- the event socket ----------------------------------------------------------------------
 
 const connection = $('connection');
+let lastNotice = null;
 let wasOpen = false;
 const socket = new EventSocket(clientId, {
   // Jobs are submitted over HTTP; a `rejected` reply can only be a cancel or watch of a job the
   // service has already forgotten, which the scheduler's polling settles by itself.
-  onEvent: (ev) => scheduler.event(ev),
+  onEvent: (ev) => {
+    // A notice (e.g. a prompt cut at the text encoder's length) is said once, in words.
+    if (ev.type === 'notice' && ev.message && ev.message !== lastNotice) {
+      lastNotice = ev.message;
+      showNotice(ev.message);
+    }
+    scheduler.event(ev);
+  },
   onState: (state, delay) => {
     connection.dataset.state = state;
     if (state === 'open') {
