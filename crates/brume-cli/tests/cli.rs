@@ -241,7 +241,8 @@ fn eval_adherence_prints_the_table_and_writes_a_contact_sheet() {
     assert!(std::fs::read_to_string(show.with_extension("txt")).unwrap().contains("outpainted"));
 
     // A stretch past the held-out list is refused before anything is generated.
-    let out = brume().args(["eval", "adherence", "--from", "99999", "--count", "2", "--sheet"]).arg(&later).output().unwrap();
+    // (A fresh sheet name: `later.png` exists now, and an existing sheet is refused first.)
+    let out = brume().args(["eval", "adherence", "--from", "99999", "--count", "2", "--sheet"]).arg(tmp.path().join("past.png")).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("--from 99999 + --count 2"), "{err}");
 
