@@ -60,6 +60,8 @@ enum Command {
     RandomModel(commands::random_model::Args),
     /// The local image service: brume's API, A1111's and OpenAI's, and the web editor.
     Serve(commands::serve::Args),
+    /// Real-time img2img of a video or frame folder through a three-stage pipeline, with timings.
+    Live(commands::live::Args),
 }
 
 fn main() -> ExitCode {
@@ -92,6 +94,10 @@ fn main() -> ExitCode {
         Command::Edit(a) => commands::edit::run(a),
         // The service waits on its own threads; the runtime puts jobs on the pool.
         Command::Serve(a) => commands::serve::run(a),
+        // Live runs its own stage threads and puts diffusion on the pool itself; a pool
+        // thread blocked waiting for the stages would take one of the two cores' workers.
+        Command::Live(a) => commands::live::run(a),
+        Command::Bench(commands::bench::Bench::Live(a)) => commands::bench_live::run(a),
         command => brume::runtime::on_compute_thread(move || run_on_pool(command)),
     };
     match result {
@@ -117,6 +123,7 @@ fn run_on_pool(command: Command) -> anyhow::Result<()> {
         Command::Inspect(a) => commands::inspect::run(a),
         Command::RandomModel(a) => commands::random_model::run(a),
         Command::Serve(a) => commands::serve::run(a),
+        Command::Live(a) => commands::live::run(a),
     }
 }
 

@@ -8,11 +8,11 @@ use std::time::Instant;
 
 use brume::models::UNet2DConditionModel;
 use brume::pipelines::conditioning::{conditioning, Conditioning, ConditioningCache};
-use brume::pipelines::decode::{decode_with, load_decoder};
+use brume::pipelines::decode::load_decoder;
 use brume::pipelines::denoise::{denoise, load_unet, RunOptions};
 use brume::pipelines::image_io::{rgb_to_tensor, to_rgb8};
 use brume::pipelines::img2img::{load_encoder, schedule, strength_in_range};
-use brume::pipelines::{AnyVaeDecoder, AnyVaeEncoder, Flow, GenerationRequest, SdModel};
+use brume::pipelines::{AnyVaeDecoder, AnyVaeEncoder, Flow, GenerationRequest, SdModel, VaeConfig};
 use brume::samplers::Rng;
 use candle_core::Tensor;
 use image::RgbImage;
@@ -59,81 +59,162 @@ impl DiffuserConfig {
 
     pub fn check(&self) -> Result<()> {
         if !strength_in_range(self.strength) {
-            return Err(LiveError::Invalid(format!("strength must be in (0, 1], got {}", self.strength)));
+            return Err(LiveError::Invalid(format!(
+                "strength must be in (0, 1], got {}",
+                self.strength
+            )));
         }
         if self.steps == 0 || self.steps > 50 {
-            return Err(LiveError::Invalid(format!("steps must be 1..=50 for live diffusion, got {}", self.steps)));
+            return Err(LiveError::Invalid(format!(
+                "steps must be 1..=50 for live diffusion, got {}",
+                self.steps
+            )));
         }
         if !(0.0..1.0).contains(&self.blend) {
-            return Err(LiveError::Invalid(format!("latent blend must be in [0, 1), got {}", self.blend)));
+            return Err(LiveError::Invalid(format!(
+                "latent blend must be in [0, 1), got {}",
+                self.blend
+            )));
         }
         if !(self.similarity_threshold > 0.0 && self.similarity_threshold <= 1.0) {
-            return Err(LiveError::Invalid(format!("similarity threshold must be in (0, 1], got {}", self.similarity_threshold)));
+            return Err(LiveError::Invalid(format!(
+                "similarity threshold must be in (0, 1], got {}",
+                self.similarity_threshold
+            )));
         }
         Ok(())
     }
 }
 
-/// Per-frame img2img with every segment resident. Not `Send` (the conditioning's K/V
-/// cache is per thread): build it on the thread that runs it.
-pub struct FrameDiffuser {
+/// Stage 1 of a frame: the similarity filter and the VAE encoder (the latent
+/// distribution's mean: a fresh draw per frame would add flicker; the stream's
+/// randomness is its one fixed noise).
+pub struct EncodeStage {
+    vae: VaeConfig,
+    enc: AnyVaeEncoder,
+    opts: RunOptions,
+    filter: SimilarityFilter,
+    techniques: Techniques,
+    /// Working width when lower than the frames' (a governor's choice).
+    width: Option<u32>,
+    /// Whether a result exists that a skip could show again.
+    primed: bool,
+}
+
+/// What the encoder stage hands on: scaled latents, or a skip.
+pub enum Encoded {
+    Latents { z: Tensor, ms: f64 },
+    Skip,
+}
+
+impl EncodeStage {
+    pub fn new(model: &SdModel, cfg: &DiffuserConfig) -> Result<Self> {
+        cfg.check()?;
+        let opts = live_options();
+        let enc = load_encoder(model, &opts, &mut |_| Flow::Continue)?;
+        let filter = SimilarityFilter::new(cfg.similarity_threshold, cfg.max_skips, cfg.seed);
+        Ok(Self {
+            vae: model.vae_config.clone(),
+            enc,
+            opts,
+            filter,
+            techniques: cfg.techniques,
+            width: None,
+            primed: false,
+        })
+    }
+
+    pub fn run(&mut self, frame: &RgbImage) -> Result<Encoded> {
+        if self.techniques.similarity_skip {
+            let skip = self.filter.should_skip(&signed_pixels(frame));
+            if skip && self.primed {
+                return Ok(Encoded::Skip);
+            }
+        }
+        self.primed = true;
+        let t0 = Instant::now();
+        let small;
+        let input = match self.width {
+            Some(w) if w < frame.width() => {
+                small = crate::source::fit(frame, w);
+                &small
+            }
+            _ => frame,
+        };
+        let image = rgb_to_tensor(input)?;
+        let z = self
+            .enc
+            .encode(&image.to_dtype(self.opts.dtype)?)?
+            .mean
+            .to_dtype(candle_core::DType::F32)?;
+        let z = ((z - self.vae.shift_factor())? * self.vae.scaling_factor())?;
+        Ok(Encoded::Latents {
+            z,
+            ms: t0.elapsed().as_secs_f64() * 1e3,
+        })
+    }
+}
+
+/// Stage 2: the UNet over the prompt's conditioning, from the frame's latents
+/// noised with the stream's fixed noise (and blended with the previous result).
+pub struct DenoiseStage {
     model: SdModel,
     opts: RunOptions,
-    enc: AnyVaeEncoder,
     unet: UNet2DConditionModel,
-    dec: AnyVaeDecoder,
     cache: ConditioningCache,
     cond: Rc<Conditioning>,
     req: GenerationRequest,
     cfg: DiffuserConfig,
-    /// The stream's fixed noise, for the current latent shape.
     noise: Option<Tensor>,
     prev_latent: Option<Tensor>,
-    last: Option<RgbImage>,
-    filter: SimilarityFilter,
-    /// Working width when lower than the frames' (a governor's choice).
-    width: Option<u32>,
     /// Time the text encoder took for the current prompt.
     pub prompt_ms: f64,
 }
 
-impl FrameDiffuser {
-    /// Loads every segment and encodes the prompt once.
-    pub fn new(model: SdModel, cfg: DiffuserConfig) -> Result<Self> {
+impl DenoiseStage {
+    /// Loads the UNet and encodes the prompt once.
+    pub fn new(model: SdModel, cfg: &DiffuserConfig) -> Result<Self> {
         cfg.check()?;
-        let opts = RunOptions { strategy: brume::memory::Strategy::PLAIN, ..RunOptions::default() };
+        let opts = live_options();
         let kind = model.sampler_kind(None)?;
         let resolved = model.sampling_settings(kind, Some(cfg.steps), cfg.guidance)?;
-        let size = model.default_size();
         let req = GenerationRequest {
             negative_prompt: cfg.negative_prompt.clone(),
             steps: cfg.steps,
             guidance_scale: resolved.guidance_scale,
             seed: cfg.seed,
-            ..GenerationRequest::new(cfg.prompt.clone(), size)
+            ..GenerationRequest::new(cfg.prompt.clone(), model.default_size())
         };
         req.validate(&model)?;
         if model.unet_config.in_channels != model.vae_config.latent_channels() {
-            return Err(LiveError::Invalid("an inpainting UNet cannot run live img2img; choose an ordinary UNet".into()));
+            return Err(LiveError::Invalid(
+                "an inpainting UNet cannot run live img2img; choose an ordinary UNet".into(),
+            ));
         }
-        let mut progress = |_: &brume::pipelines::Progress| Flow::Continue;
-        let enc = load_encoder(&model, &opts, &mut progress)?;
-        let unet = load_unet(&model, &opts, &mut progress)?;
-        let dec = load_decoder(&model, &opts, &mut progress)?;
+        let unet = load_unet(&model, &opts, &mut |_| Flow::Continue)?;
         let mut cache = ConditioningCache::new(4);
         let t = Instant::now();
-        let cond = conditioning(&model, &req, &opts.device, opts.dtype, Some(&mut cache), &mut progress)?;
+        let cond = conditioning(
+            &model,
+            &req,
+            &opts.device,
+            opts.dtype,
+            Some(&mut cache),
+            &mut |_| Flow::Continue,
+        )?;
         let prompt_ms = t.elapsed().as_secs_f64() * 1e3;
-        let filter = SimilarityFilter::new(cfg.similarity_threshold, cfg.max_skips, cfg.seed);
-        Ok(Self { model, opts, enc, unet, dec, cache, cond, req, cfg, noise: None, prev_latent: None, last: None, filter, width: None, prompt_ms })
-    }
-
-    pub fn model(&self) -> &SdModel {
-        &self.model
-    }
-
-    pub fn config(&self) -> &DiffuserConfig {
-        &self.cfg
+        Ok(Self {
+            model,
+            opts,
+            unet,
+            cache,
+            cond,
+            req,
+            cfg: cfg.clone(),
+            noise: None,
+            prev_latent: None,
+            prompt_ms,
+        })
     }
 
     /// A new prompt: its conditioning is computed now (or comes from the cache).
@@ -144,31 +225,17 @@ impl FrameDiffuser {
         self.req.prompt = prompt.to_string();
         self.cfg.prompt = prompt.to_string();
         let t = Instant::now();
-        self.cond = conditioning(&self.model, &self.req, &self.opts.device, self.opts.dtype, Some(&mut self.cache), &mut |_| Flow::Continue)?;
+        self.cond = conditioning(
+            &self.model,
+            &self.req,
+            &self.opts.device,
+            self.opts.dtype,
+            Some(&mut self.cache),
+            &mut |_| Flow::Continue,
+        )?;
         self.prompt_ms = t.elapsed().as_secs_f64() * 1e3;
         self.prev_latent = None;
-        self.last = None;
-        self.filter.reset();
         Ok(())
-    }
-
-    pub fn set_steps(&mut self, steps: usize) -> Result<()> {
-        let cfg = DiffuserConfig { steps, ..self.cfg.clone() };
-        cfg.check()?;
-        self.cfg.steps = steps;
-        self.req.steps = steps;
-        Ok(())
-    }
-
-    /// Diffuse at `width` (frames are scaled down to it and results back up); `None`: the frames' own.
-    pub fn set_width(&mut self, width: Option<u32>) {
-        self.width = width.map(|w| (w / 8 * 8).max(8));
-    }
-
-    pub fn set_techniques(&mut self, t: Techniques) {
-        self.cfg.techniques = t;
-        self.filter.reset();
-        self.prev_latent = None;
     }
 
     /// LCM UNets run every step below timestep ~1000 x strength (diffusers'
@@ -178,7 +245,11 @@ impl FrameDiffuser {
     /// below strength 1. Other samplers take the model's own img2img rule.
     fn sampler(&self) -> Result<(Box<dyn brume::samplers::Sampler>, usize)> {
         if self.req.sampler_kind(&self.model)? == brume::samplers::SamplerKind::Lcm {
-            let lcm = brume::samplers::Lcm::within(&self.model.schedule, self.req.steps, self.cfg.strength)?;
+            let lcm = brume::samplers::Lcm::within(
+                &self.model.schedule,
+                self.req.steps,
+                self.cfg.strength,
+            )?;
             return Ok((Box::new(lcm), 0));
         }
         Ok(schedule(&self.model, &self.req, self.cfg.strength)?)
@@ -195,33 +266,10 @@ impl FrameDiffuser {
         }
     }
 
-    /// One frame through VAE encode, the UNet and VAE decode.
-    pub fn process(&mut self, frame: &RgbImage) -> Result<Diffused> {
-        if self.cfg.techniques.similarity_skip {
-            if let Some(last) = &self.last {
-                if last.dimensions() == frame.dimensions() && self.filter.should_skip(&signed_pixels(frame)) {
-                    return Ok(Diffused { image: last.clone(), encode_ms: 0.0, unet_ms: 0.0, decode_ms: 0.0, skipped: true });
-                }
-            } else {
-                self.filter.should_skip(&signed_pixels(frame));
-            }
-        }
-        let small;
-        let input = match self.width {
-            Some(w) if w < frame.width() => {
-                small = crate::source::fit(frame, w);
-                &small
-            }
-            _ => frame,
-        };
+    /// The frame's result latents and the milliseconds they took.
+    pub fn run(&mut self, z: Tensor) -> Result<(Tensor, f64)> {
         let t0 = Instant::now();
-        let image = rgb_to_tensor(input)?;
-        let vae = &self.model.vae_config;
-        // The latent distribution's mean, not a draw from it: a fresh draw per frame
-        // would add flicker; the stream's randomness is its one fixed noise.
-        let z = self.enc.encode(&image.to_dtype(self.opts.dtype)?)?.mean.to_dtype(candle_core::DType::F32)?;
-        let mut z = ((z - vae.shift_factor())? * vae.scaling_factor())?;
-        let t1 = Instant::now();
+        let mut z = z;
         if self.cfg.techniques.latent_blend {
             if let Some(prev) = self.prev_latent.as_ref().filter(|p| p.dims() == z.dims()) {
                 z = ((z * (1.0 - self.cfg.blend))? + (prev * self.cfg.blend)?)?;
@@ -244,17 +292,155 @@ impl FrameDiffuser {
             &self.opts,
             &mut |_| Flow::Continue,
         )?;
-        let t2 = Instant::now();
-        let img = decode_with(&self.dec, &self.model, &latents, &self.opts)?;
+        self.prev_latent = Some(latents.clone());
+        Ok((latents, t0.elapsed().as_secs_f64() * 1e3))
+    }
+}
+
+/// Stage 3: the VAE decoder, back to the frame's size; a skip shows the last result.
+pub struct DecodeStage {
+    vae: VaeConfig,
+    dec: AnyVaeDecoder,
+    opts: RunOptions,
+    last: Option<RgbImage>,
+}
+
+impl DecodeStage {
+    pub fn new(model: &SdModel) -> Result<Self> {
+        let opts = live_options();
+        let dec = load_decoder(model, &opts, &mut |_| Flow::Continue)?;
+        Ok(Self {
+            vae: model.vae_config.clone(),
+            dec,
+            opts,
+            last: None,
+        })
+    }
+
+    /// The picture of `latents` at `width` x `height`, and the milliseconds it took.
+    pub fn run(&mut self, latents: &Tensor, width: u32, height: u32) -> Result<(RgbImage, f64)> {
+        let t0 = Instant::now();
+        // As the engine's decode_with (full decode: live sizes are small).
+        let z = ((latents / self.vae.scaling_factor())? + self.vae.shift_factor())?
+            .to_dtype(self.opts.dtype)?;
+        let img = self.dec.decode(&z)?.to_dtype(candle_core::DType::F32)?;
+        let img = ((img / 2.0)? + 0.5)?.clamp(0f32, 1f32)?;
         let mut out = to_rgb8(&img)?;
-        if out.dimensions() != frame.dimensions() {
-            out = image::imageops::resize(&out, frame.width(), frame.height(), image::imageops::FilterType::Triangle);
+        if out.dimensions() != (width, height) {
+            out =
+                image::imageops::resize(&out, width, height, image::imageops::FilterType::Triangle);
         }
-        let t3 = Instant::now();
-        self.prev_latent = Some(latents);
         self.last = Some(out.clone());
-        let ms = |a: Instant, b: Instant| (b - a).as_secs_f64() * 1e3;
-        Ok(Diffused { image: out, encode_ms: ms(t0, t1), unet_ms: ms(t1, t2), decode_ms: ms(t2, t3), skipped: false })
+        Ok((out, t0.elapsed().as_secs_f64() * 1e3))
+    }
+
+    /// The last result again (a skipped frame).
+    pub fn last(&self) -> Option<&RgbImage> {
+        self.last.as_ref()
+    }
+}
+
+/// Everything resident, kept for the whole stream, nothing per frame but the work.
+fn live_options() -> RunOptions {
+    RunOptions {
+        strategy: brume::memory::Strategy::PLAIN,
+        ..RunOptions::default()
+    }
+}
+
+/// Per-frame img2img with every segment resident, the three stages on one thread.
+/// Not `Send` (the conditioning's K/V cache is per thread): build it on the thread that runs it.
+pub struct FrameDiffuser {
+    pub encode: EncodeStage,
+    pub denoise: DenoiseStage,
+    pub decode: DecodeStage,
+    /// Time the text encoder took for the current prompt.
+    pub prompt_ms: f64,
+}
+
+impl FrameDiffuser {
+    /// Loads every segment and encodes the prompt once.
+    pub fn new(model: SdModel, cfg: DiffuserConfig) -> Result<Self> {
+        cfg.check()?;
+        let encode = EncodeStage::new(&model, &cfg)?;
+        let decode = DecodeStage::new(&model)?;
+        let denoise = DenoiseStage::new(model, &cfg)?;
+        let prompt_ms = denoise.prompt_ms;
+        Ok(Self {
+            encode,
+            denoise,
+            decode,
+            prompt_ms,
+        })
+    }
+
+    pub fn set_prompt(&mut self, prompt: &str) -> Result<()> {
+        self.denoise.set_prompt(prompt)?;
+        self.prompt_ms = self.denoise.prompt_ms;
+        self.encode.filter.reset();
+        self.encode.primed = false;
+        Ok(())
+    }
+
+    pub fn set_steps(&mut self, steps: usize) -> Result<()> {
+        let cfg = DiffuserConfig {
+            steps,
+            ..self.denoise.cfg.clone()
+        };
+        cfg.check()?;
+        self.denoise.cfg.steps = steps;
+        self.denoise.req.steps = steps;
+        Ok(())
+    }
+
+    /// Diffuse at `width` (frames are scaled down to it and results back up); `None`: the frames' own.
+    pub fn set_width(&mut self, width: Option<u32>) {
+        self.encode.width = width.map(|w| (w / 8 * 8).max(8));
+    }
+
+    pub fn set_techniques(&mut self, t: Techniques) {
+        self.encode.techniques = t;
+        self.encode.filter.reset();
+        self.denoise.cfg.techniques = t;
+        self.denoise.prev_latent = None;
+    }
+
+    /// One frame through VAE encode, the UNet and VAE decode.
+    pub fn process(&mut self, frame: &RgbImage) -> Result<Diffused> {
+        let (z, encode_ms) = match self.encode.run(frame)? {
+            Encoded::Latents { z, ms } => (z, ms),
+            Encoded::Skip => match self.decode.last() {
+                Some(last) if last.dimensions() == frame.dimensions() => {
+                    return Ok(Diffused {
+                        image: last.clone(),
+                        encode_ms: 0.0,
+                        unet_ms: 0.0,
+                        decode_ms: 0.0,
+                        skipped: true,
+                    })
+                }
+                _ => {
+                    self.encode.primed = false;
+                    match self.encode.run(frame)? {
+                        Encoded::Latents { z, ms } => (z, ms),
+                        Encoded::Skip => {
+                            return Err(LiveError::Invalid(
+                                "the similarity filter skipped a first frame".into(),
+                            ))
+                        }
+                    }
+                }
+            },
+        };
+        let (latents, unet_ms) = self.denoise.run(z)?;
+        let (image, decode_ms) = self.decode.run(&latents, frame.width(), frame.height())?;
+        Ok(Diffused {
+            image,
+            encode_ms,
+            unet_ms,
+            decode_ms,
+            skipped: false,
+        })
     }
 }
 

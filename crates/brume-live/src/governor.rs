@@ -46,8 +46,20 @@ impl Governor {
     pub fn new(target_ms: f64, mut widths: Vec<u32>, max_steps: usize) -> Self {
         widths.sort_unstable_by(|a, b| b.cmp(a));
         widths.dedup();
-        let current = Setting { width: widths.first().copied().unwrap_or(128), steps: max_steps.max(1) };
-        Self { target_ms, widths, max_steps: max_steps.max(1), est: BTreeMap::new(), current, since_change: 0, frames: 0, decisions: Vec::new() }
+        let current = Setting {
+            width: widths.first().copied().unwrap_or(128),
+            steps: max_steps.max(1),
+        };
+        Self {
+            target_ms,
+            widths,
+            max_steps: max_steps.max(1),
+            est: BTreeMap::new(),
+            current,
+            since_change: 0,
+            frames: 0,
+            decisions: Vec::new(),
+        }
     }
 
     pub fn current(&self) -> Setting {
@@ -66,7 +78,10 @@ impl Governor {
             None => {
                 let (&w0, e0) = self.est.iter().min_by_key(|(w, _)| w.abs_diff(s.width))?;
                 let r = (s.width as f64 / w0 as f64).powi(2);
-                Est { fixed_ms: e0.fixed_ms * r, per_step_ms: e0.per_step_ms * r }
+                Est {
+                    fixed_ms: e0.fixed_ms * r,
+                    per_step_ms: e0.per_step_ms * r,
+                }
             }
         };
         Some(e.fixed_ms + e.per_step_ms * s.steps as f64)
@@ -84,7 +99,10 @@ impl Governor {
         }
         let per_step = d.unet_ms / self.current.steps as f64;
         let fixed = (total_ms - d.unet_ms).max(0.0);
-        let e = self.est.entry(self.current.width).or_insert(Est { fixed_ms: fixed, per_step_ms: per_step });
+        let e = self.est.entry(self.current.width).or_insert(Est {
+            fixed_ms: fixed,
+            per_step_ms: per_step,
+        });
         e.fixed_ms = 0.7 * e.fixed_ms + 0.3 * fixed;
         e.per_step_ms = 0.7 * e.per_step_ms + 0.3 * per_step;
     }
@@ -101,7 +119,11 @@ impl Governor {
                 let s = Setting { width: w, steps };
                 let Some(p) = self.predict(s) else { continue };
                 let better = (w, steps) > (self.current.width, self.current.steps);
-                let budget = if better { 0.85 * self.target_ms } else { self.target_ms };
+                let budget = if better {
+                    0.85 * self.target_ms
+                } else {
+                    self.target_ms
+                };
                 if p <= budget {
                     best = Some((s, p));
                     break 'outer;
@@ -111,8 +133,17 @@ impl Governor {
         let (choice, why) = match best {
             Some((s, p)) => (s, format!("predicted {p:.1} ms")),
             None => {
-                let s = Setting { width: *self.widths.last().unwrap_or(&self.current.width), steps: 1 };
-                (s, format!("nothing fits: predicted {:.1} ms at the lowest setting", self.predict(s).unwrap_or(f64::NAN)))
+                let s = Setting {
+                    width: *self.widths.last().unwrap_or(&self.current.width),
+                    steps: 1,
+                };
+                (
+                    s,
+                    format!(
+                        "nothing fits: predicted {:.1} ms at the lowest setting",
+                        self.predict(s).unwrap_or(f64::NAN)
+                    ),
+                )
             }
         };
         if choice != self.current {

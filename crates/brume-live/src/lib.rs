@@ -18,6 +18,7 @@ pub mod governor;
 pub mod pipeline;
 pub mod queue;
 pub mod source;
+pub mod split;
 pub mod techniques;
 pub mod y4m;
 

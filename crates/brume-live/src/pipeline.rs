@@ -84,7 +84,7 @@ pub struct Report {
     pub notes: Vec<String>,
 }
 
-fn ms(d: Duration) -> f64 {
+pub(crate) fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
@@ -114,12 +114,23 @@ impl Report {
     }
 
     pub fn latency(&self, p: f64) -> f64 {
-        percentile(&self.frames.iter().map(|f| f.latency_ms).collect::<Vec<_>>(), p)
+        percentile(
+            &self.frames.iter().map(|f| f.latency_ms).collect::<Vec<_>>(),
+            p,
+        )
     }
 
     /// Median of one timing over the frames that were diffused (skips excluded).
     pub fn median_of(&self, f: impl Fn(&FrameTimes) -> f64) -> f64 {
-        percentile(&self.frames.iter().filter(|t| !t.skipped).map(f).collect::<Vec<_>>(), 50.0)
+        percentile(
+            &self
+                .frames
+                .iter()
+                .filter(|t| !t.skipped)
+                .map(f)
+                .collect::<Vec<_>>(),
+            50.0,
+        )
     }
 
     /// The timing table: medians per stage, latency percentiles, counters.
@@ -172,9 +183,11 @@ struct Done {
 }
 
 /// Reads the next frame, fitted to the working width.
-fn capture(source: &mut dyn FrameSource, width: u32) -> Result<Option<(RgbImage, f64)>> {
+pub(crate) fn capture(source: &mut dyn FrameSource, width: u32) -> Result<Option<(RgbImage, f64)>> {
     let t = Instant::now();
-    let Some(img) = source.next_frame()? else { return Ok(None) };
+    let Some(img) = source.next_frame()? else {
+        return Ok(None);
+    };
     let img = fit(&img, width);
     Ok(Some((img, ms(t.elapsed()))))
 }
@@ -193,7 +206,12 @@ fn diffuse_one(d: &mut dyn Diffuse, c: Captured) -> Result<Done> {
         skipped: result.skipped,
         ..Default::default()
     };
-    Ok(Done { index: c.index, result, at: c.at, times })
+    Ok(Done {
+        index: c.index,
+        result,
+        at: c.at,
+        times,
+    })
 }
 
 fn output_one(
@@ -214,7 +232,7 @@ fn output_one(
 }
 
 /// Waits until frame `i` of a paced source is due.
-fn pace(start: Instant, fps: Option<f64>, i: u64) {
+pub(crate) fn pace(start: Instant, fps: Option<f64>, i: u64) {
     if let Some(fps) = fps.filter(|f| *f > 0.0) {
         let due = start + Duration::from_secs_f64(i as f64 / fps);
         let now = Instant::now();
@@ -245,7 +263,13 @@ pub fn run_pipeline<D: Diffuse>(
                 let at = Instant::now();
                 match capture(source, opts.width) {
                     Ok(Some((image, capture_ms))) => {
-                        let c = Captured { index: n, image, at, capture_ms, queued: Instant::now() };
+                        let c = Captured {
+                            index: n,
+                            image,
+                            at,
+                            capture_ms,
+                            queued: Instant::now(),
+                        };
                         n += 1;
                         if let Pushed::Closed(_) = q_in.push(c) {
                             break;
@@ -290,9 +314,17 @@ pub fn run_pipeline<D: Diffuse>(
             q_in.close();
             r.map(|_| frames)
         });
-        let out_res = output_thread.join().map_err(|_| LiveError::Thread("output")).and_then(|r| r);
-        let diff_res = diffuse_thread.join().map_err(|_| LiveError::Thread("diffuse")).and_then(|r| r);
-        let (captured, cap_err) = capture_thread.join().unwrap_or((0, Some(LiveError::Thread("capture"))));
+        let out_res = output_thread
+            .join()
+            .map_err(|_| LiveError::Thread("output"))
+            .and_then(|r| r);
+        let diff_res = diffuse_thread
+            .join()
+            .map_err(|_| LiveError::Thread("diffuse"))
+            .and_then(|r| r);
+        let (captured, cap_err) = capture_thread
+            .join()
+            .unwrap_or((0, Some(LiveError::Thread("capture"))));
         (captured, cap_err, diff_res, out_res)
     });
     let wall_s = start.elapsed().as_secs_f64();
@@ -302,7 +334,10 @@ pub fn run_pipeline<D: Diffuse>(
         return Err(e);
     }
     Ok(Report {
-        mode: format!("pipeline (3 threads, queues of {}, {:?})", opts.queue, opts.when_full),
+        mode: format!(
+            "pipeline (3 threads, queues of {}, {:?})",
+            opts.queue, opts.when_full
+        ),
         frames,
         captured,
         dropped: q_in.dropped() + q_out.dropped(),
@@ -340,8 +375,16 @@ pub fn run_sequential<D: Diffuse>(
                 pace(start, Some(fps), n);
             }
             let at = Instant::now();
-            let Some((image, capture_ms)) = capture(source, opts.width)? else { break };
-            let c = Captured { index: n, image, at, capture_ms, queued: Instant::now() };
+            let Some((image, capture_ms)) = capture(source, opts.width)? else {
+                break;
+            };
+            let c = Captured {
+                index: n,
+                image,
+                at,
+                capture_ms,
+                queued: Instant::now(),
+            };
             n += 1;
             let done = diffuse_one(&mut d, c)?;
             frames.push(output_one(done, &mut smoother, sink)?);

@@ -47,7 +47,12 @@ impl<T> DropQueue<T> {
     /// A queue of at most `capacity` items (at least 1).
     pub fn new(capacity: usize, when_full: WhenFull) -> Self {
         Self {
-            state: Mutex::new(State { items: VecDeque::new(), closed: false, dropped: 0, pushed: 0 }),
+            state: Mutex::new(State {
+                items: VecDeque::new(),
+                closed: false,
+                dropped: 0,
+                pushed: 0,
+            }),
             ready: Condvar::new(),
             room: Condvar::new(),
             capacity: capacity.max(1),

@@ -45,21 +45,34 @@ pub struct FrameFolder {
 
 impl FrameFolder {
     pub fn open(dir: &Path) -> Result<Self> {
-        let entries = std::fs::read_dir(dir).map_err(|e| LiveError::Input { path: dir.into(), message: format!("cannot list the folder: {e}") })?;
+        let entries = std::fs::read_dir(dir).map_err(|e| LiveError::Input {
+            path: dir.into(),
+            message: format!("cannot list the folder: {e}"),
+        })?;
         let mut files: Vec<PathBuf> = entries
             .filter_map(|e| e.ok().map(|e| e.path()))
             .filter(|p| {
                 p.is_file()
-                    && p.extension()
-                        .and_then(|e| e.to_str())
-                        .is_some_and(|e| matches!(e.to_ascii_lowercase().as_str(), "png" | "jpg" | "jpeg" | "webp"))
+                    && p.extension().and_then(|e| e.to_str()).is_some_and(|e| {
+                        matches!(
+                            e.to_ascii_lowercase().as_str(),
+                            "png" | "jpg" | "jpeg" | "webp"
+                        )
+                    })
             })
             .collect();
         files.sort();
         if files.is_empty() {
-            return Err(LiveError::Input { path: dir.into(), message: "the folder holds no PNG, JPEG or WebP frames".into() });
+            return Err(LiveError::Input {
+                path: dir.into(),
+                message: "the folder holds no PNG, JPEG or WebP frames".into(),
+            });
         }
-        Ok(Self { dir: dir.into(), files, next: 0 })
+        Ok(Self {
+            dir: dir.into(),
+            files,
+            next: 0,
+        })
     }
 
     pub fn len(&self) -> usize {
@@ -73,9 +86,14 @@ impl FrameFolder {
 
 impl FrameSource for FrameFolder {
     fn next_frame(&mut self) -> Result<Option<RgbImage>> {
-        let Some(path) = self.files.get(self.next) else { return Ok(None) };
+        let Some(path) = self.files.get(self.next) else {
+            return Ok(None);
+        };
         self.next += 1;
-        let bytes = std::fs::read(path).map_err(|e| LiveError::Input { path: path.clone(), message: format!("cannot read: {e}") })?;
+        let bytes = std::fs::read(path).map_err(|e| LiveError::Input {
+            path: path.clone(),
+            message: format!("cannot read: {e}"),
+        })?;
         let img = brume::pipelines::image_io::decode_image(&bytes, &path.display().to_string())?;
         Ok(Some(img.to_rgb8()))
     }
@@ -95,8 +113,14 @@ pub struct Y4mSource<R: Read + Send> {
 
 impl Y4mSource<std::fs::File> {
     pub fn open(path: &Path) -> Result<Self> {
-        let f = std::fs::File::open(path).map_err(|e| LiveError::Input { path: path.into(), message: format!("cannot open: {e}") })?;
-        Self::from_reader(f, path.display().to_string()).map_err(|e| LiveError::Input { path: path.into(), message: e.to_string() })
+        let f = std::fs::File::open(path).map_err(|e| LiveError::Input {
+            path: path.into(),
+            message: format!("cannot open: {e}"),
+        })?;
+        Self::from_reader(f, path.display().to_string()).map_err(|e| LiveError::Input {
+            path: path.into(),
+            message: e.to_string(),
+        })
     }
 }
 
@@ -104,7 +128,12 @@ impl<R: Read + Send> Y4mSource<R> {
     pub fn from_reader(r: R, what: String) -> Result<Self> {
         let mut reader = BufReader::new(r);
         let header = y4m::read_header(&mut reader)?;
-        Ok(Self { reader, header, buf: Vec::new(), what })
+        Ok(Self {
+            reader,
+            header,
+            buf: Vec::new(),
+            what,
+        })
     }
 
     pub fn header(&self) -> &y4m::Header {
@@ -125,7 +154,10 @@ impl<R: Read + Send> FrameSource for Y4mSource<R> {
     }
 
     fn describe(&self) -> String {
-        format!("Y4M {}x{} {}", self.header.width, self.header.height, self.what)
+        format!(
+            "Y4M {}x{} {}",
+            self.header.width, self.header.height, self.what
+        )
     }
 }
 
@@ -141,19 +173,35 @@ pub struct FfmpegSource {
 
 /// Whether `ffmpeg` can be started (it is on PATH).
 pub fn ffmpeg_available() -> bool {
-    Command::new("ffmpeg").arg("-version").stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success())
+    Command::new("ffmpeg")
+        .arg("-version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
 }
 
 impl FfmpegSource {
     /// Starts ffmpeg on `path`, scaled to `width` x `height` (multiples of 8).
     pub fn open(path: &Path, width: u32, height: u32) -> Result<Self> {
         if !path.is_file() {
-            return Err(LiveError::Input { path: path.into(), message: "not a file or folder that can be read".into() });
+            return Err(LiveError::Input {
+                path: path.into(),
+                message: "not a file or folder that can be read".into(),
+            });
         }
         let child = Command::new("ffmpeg")
             .args(["-v", "error", "-nostdin", "-i"])
             .arg(path)
-            .args(["-vf", &format!("scale={width}:{height}"), "-f", "rawvideo", "-pix_fmt", "rgb24", "-"])
+            .args([
+                "-vf",
+                &format!("scale={width}:{height}"),
+                "-f",
+                "rawvideo",
+                "-pix_fmt",
+                "rgb24",
+                "-",
+            ])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -169,8 +217,17 @@ impl FfmpegSource {
             }
             Err(e) => return Err(LiveError::Ffmpeg(format!("cannot start ffmpeg: {e}"))),
         };
-        let out = child.stdout.take().ok_or_else(|| LiveError::Ffmpeg("ffmpeg's output pipe is missing".into()))?;
-        Ok(Self { child, out: BufReader::new(out), width, height, path: path.into() })
+        let out = child
+            .stdout
+            .take()
+            .ok_or_else(|| LiveError::Ffmpeg("ffmpeg's output pipe is missing".into()))?;
+        Ok(Self {
+            child,
+            out: BufReader::new(out),
+            width,
+            height,
+            path: path.into(),
+        })
     }
 }
 
@@ -187,20 +244,34 @@ impl FrameSource for FfmpegSource {
             }
         }
         if got == 0 {
-            let status = self.child.wait().map_err(|e| LiveError::Ffmpeg(format!("waiting for ffmpeg: {e}")))?;
+            let status = self
+                .child
+                .wait()
+                .map_err(|e| LiveError::Ffmpeg(format!("waiting for ffmpeg: {e}")))?;
             if !status.success() {
-                return Err(LiveError::Ffmpeg(format!("ffmpeg could not decode {} ({status}; its message is above)", self.path.display())));
+                return Err(LiveError::Ffmpeg(format!(
+                    "ffmpeg could not decode {} ({status}; its message is above)",
+                    self.path.display()
+                )));
             }
             return Ok(None);
         }
         if got < buf.len() {
-            return Err(LiveError::Ffmpeg(format!("a decoded frame of {} was cut short", self.path.display())));
+            return Err(LiveError::Ffmpeg(format!(
+                "a decoded frame of {} was cut short",
+                self.path.display()
+            )));
         }
         Ok(RgbImage::from_raw(self.width, self.height, buf))
     }
 
     fn describe(&self) -> String {
-        format!("{} through ffmpeg at {}x{}", self.path.display(), self.width, self.height)
+        format!(
+            "{} through ffmpeg at {}x{}",
+            self.path.display(),
+            self.width,
+            self.height
+        )
     }
 }
 
@@ -222,7 +293,13 @@ pub struct Synthetic<F: FnMut(u64) -> RgbImage + Send> {
 
 impl<F: FnMut(u64) -> RgbImage + Send> Synthetic<F> {
     pub fn new(name: impl Into<String>, count: u64, fps: Option<f64>, draw: F) -> Self {
-        Self { draw, next: 0, count, fps, name: name.into() }
+        Self {
+            draw,
+            next: 0,
+            count,
+            fps,
+            name: name.into(),
+        }
     }
 }
 
@@ -250,7 +327,10 @@ pub fn open_input(path: &Path, width: u32) -> Result<Box<dyn FrameSource>> {
     if path.is_dir() {
         return Ok(Box::new(FrameFolder::open(path)?));
     }
-    let ext = path.extension().and_then(|e| e.to_str()).map(|e| e.to_ascii_lowercase());
+    let ext = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(|e| e.to_ascii_lowercase());
     match ext.as_deref() {
         Some("y4m") => Ok(Box::new(Y4mSource::open(path)?)),
         Some("png" | "jpg" | "jpeg" | "webp") => Err(LiveError::Input {
@@ -268,7 +348,16 @@ pub fn open_input(path: &Path, width: u32) -> Result<Box<dyn FrameSource>> {
 /// The video's size through ffprobe, when ffprobe is there.
 fn probe_size(path: &Path) -> Option<(u32, u32)> {
     let out = Command::new("ffprobe")
-        .args(["-v", "error", "-select_streams", "v:0", "-show_entries", "stream=width,height", "-of", "csv=p=0:s=x"])
+        .args([
+            "-v",
+            "error",
+            "-select_streams",
+            "v:0",
+            "-show_entries",
+            "stream=width,height",
+            "-of",
+            "csv=p=0:s=x",
+        ])
         .arg(path)
         .stderr(Stdio::null())
         .output()

@@ -16,8 +16,16 @@ pub struct Techniques {
 }
 
 impl Techniques {
-    pub const NONE: Techniques = Techniques { similarity_skip: false, latent_blend: false, smoothing: false };
-    pub const ALL: Techniques = Techniques { similarity_skip: true, latent_blend: true, smoothing: true };
+    pub const NONE: Techniques = Techniques {
+        similarity_skip: false,
+        latent_blend: false,
+        smoothing: false,
+    };
+    pub const ALL: Techniques = Techniques {
+        similarity_skip: true,
+        latent_blend: true,
+        smoothing: true,
+    };
 
     /// Parses `none`, `all`, or a comma list of `skip`, `blend`, `ema`.
     pub fn parse(s: &str) -> Result<Self, String> {
@@ -29,7 +37,11 @@ impl Techniques {
                 "skip" => t.similarity_skip = true,
                 "blend" => t.latent_blend = true,
                 "ema" => t.smoothing = true,
-                other => return Err(format!("unknown technique `{other}` (known: none, all, skip, blend, ema)")),
+                other => {
+                    return Err(format!(
+                        "unknown technique `{other}` (known: none, all, skip, blend, ema)"
+                    ))
+                }
             }
         }
         Ok(t)
@@ -72,7 +84,10 @@ pub fn cosine(a: &[f32], b: &[f32]) -> f32 {
 /// Pixels mapped to [-1, 1] (the model's input range, as StreamDiffusion compares them):
 /// in [0, 1] every picture is similar to every other.
 pub fn signed_pixels(img: &RgbImage) -> Vec<f32> {
-    img.as_raw().iter().map(|&v| v as f32 / 127.5 - 1.0).collect()
+    img.as_raw()
+        .iter()
+        .map(|&v| v as f32 / 127.5 - 1.0)
+        .collect()
 }
 
 /// StreamDiffusion's stochastic similarity filter (`SimilarImageFilter`): with cosine
@@ -89,7 +104,13 @@ pub struct SimilarityFilter {
 
 impl SimilarityFilter {
     pub fn new(threshold: f32, max_skips: usize, seed: u64) -> Self {
-        Self { threshold, max_skips, prev: None, run: 0, rng: seed ^ 0x9E37_79B9_7F4A_7C15 }
+        Self {
+            threshold,
+            max_skips,
+            prev: None,
+            run: 0,
+            rng: seed ^ 0x9E37_79B9_7F4A_7C15,
+        }
     }
 
     fn uniform(&mut self) -> f32 {
@@ -107,8 +128,16 @@ impl SimilarityFilter {
             self.prev = Some(x.to_vec());
             return false;
         };
-        let sim = if prev.len() == x.len() { cosine(prev, x) } else { 0.0 };
-        let p_skip = if self.threshold >= 1.0 { 0.0 } else { (1.0 - (1.0 - sim) / (1.0 - self.threshold)).max(0.0) };
+        let sim = if prev.len() == x.len() {
+            cosine(prev, x)
+        } else {
+            0.0
+        };
+        let p_skip = if self.threshold >= 1.0 {
+            0.0
+        } else {
+            (1.0 - (1.0 - sim) / (1.0 - self.threshold)).max(0.0)
+        };
         let sample = self.uniform();
         if p_skip > sample && self.run < self.max_skips {
             self.run += 1;
@@ -134,16 +163,29 @@ pub struct Smoother {
 
 impl Smoother {
     pub fn new(alpha: f32) -> Self {
-        Self { alpha: alpha.clamp(0.0, 1.0), prev: None }
+        Self {
+            alpha: alpha.clamp(0.0, 1.0),
+            prev: None,
+        }
     }
 
     pub fn apply(&mut self, img: &RgbImage) -> RgbImage {
         let cur: Vec<f32> = img.as_raw().iter().map(|&v| v as f32).collect();
         let next = match self.prev.take() {
-            Some(p) if p.len() == cur.len() => cur.iter().zip(&p).map(|(c, p)| self.alpha * c + (1.0 - self.alpha) * p).collect(),
+            Some(p) if p.len() == cur.len() => cur
+                .iter()
+                .zip(&p)
+                .map(|(c, p)| self.alpha * c + (1.0 - self.alpha) * p)
+                .collect(),
             _ => cur,
         };
-        let out = RgbImage::from_raw(img.width(), img.height(), next.iter().map(|v| v.round().clamp(0.0, 255.0) as u8).collect());
+        let out = RgbImage::from_raw(
+            img.width(),
+            img.height(),
+            next.iter()
+                .map(|v| v.round().clamp(0.0, 255.0) as u8)
+                .collect(),
+        );
         self.prev = Some(next);
         out.unwrap_or_else(|| img.clone())
     }
@@ -157,7 +199,11 @@ pub fn flicker(frames: &[RgbImage]) -> f64 {
         .filter(|w| w[0].dimensions() == w[1].dimensions())
         .map(|w| {
             let (a, b) = (w[0].as_raw(), w[1].as_raw());
-            a.iter().zip(b).map(|(&x, &y)| (x as f64 - y as f64).abs()).sum::<f64>() / a.len().max(1) as f64
+            a.iter()
+                .zip(b)
+                .map(|(&x, &y)| (x as f64 - y as f64).abs())
+                .sum::<f64>()
+                / a.len().max(1) as f64
         })
         .collect();
     if diffs.is_empty() {

@@ -54,12 +54,16 @@ impl Header {
 fn read_line(r: &mut impl BufRead, limit: usize, what: &str) -> Result<Option<Vec<u8>>> {
     let mut line = Vec::new();
     let mut limited = std::io::Read::take(&mut *r, limit as u64 + 1);
-    let n = limited.read_until(b'\n', &mut line).map_err(|e| LiveError::Y4m(format!("reading the {what}: {e}")))?;
+    let n = limited
+        .read_until(b'\n', &mut line)
+        .map_err(|e| LiveError::Y4m(format!("reading the {what}: {e}")))?;
     if n == 0 {
         return Ok(None);
     }
     if line.last() != Some(&b'\n') {
-        return Err(LiveError::Y4m(format!("the {what} line is not terminated within {limit} bytes")));
+        return Err(LiveError::Y4m(format!(
+            "the {what} line is not terminated within {limit} bytes"
+        )));
     }
     line.pop();
     Ok(Some(line))
@@ -73,15 +77,26 @@ fn parse_ratio(v: &str) -> Option<f64> {
 
 /// Parses the header line (from the stream's start).
 pub fn read_header(r: &mut impl BufRead) -> Result<Header> {
-    let head = r.fill_buf().map_err(|e| LiveError::Y4m(format!("reading the header: {e}")))?;
-    if !head.is_empty() && !b"YUV4MPEG2 ".starts_with(&head[..head.len().min(10)]) && !head.starts_with(b"YUV4MPEG2 ") {
-        return Err(LiveError::Y4m("not a Y4M file: it does not start with `YUV4MPEG2 `".into()));
+    let head = r
+        .fill_buf()
+        .map_err(|e| LiveError::Y4m(format!("reading the header: {e}")))?;
+    if !head.is_empty()
+        && !b"YUV4MPEG2 ".starts_with(&head[..head.len().min(10)])
+        && !head.starts_with(b"YUV4MPEG2 ")
+    {
+        return Err(LiveError::Y4m(
+            "not a Y4M file: it does not start with `YUV4MPEG2 `".into(),
+        ));
     }
-    let line = read_line(r, 1024, "header")?.ok_or_else(|| LiveError::Y4m("the file is empty".into()))?;
-    let line = String::from_utf8(line).map_err(|_| LiveError::Y4m("the header is not text".into()))?;
+    let line =
+        read_line(r, 1024, "header")?.ok_or_else(|| LiveError::Y4m("the file is empty".into()))?;
+    let line =
+        String::from_utf8(line).map_err(|_| LiveError::Y4m("the header is not text".into()))?;
     let mut fields = line.split(' ');
     if fields.next() != Some("YUV4MPEG2") {
-        return Err(LiveError::Y4m("not a Y4M file: it does not start with `YUV4MPEG2 `".into()));
+        return Err(LiveError::Y4m(
+            "not a Y4M file: it does not start with `YUV4MPEG2 `".into(),
+        ));
     }
     let (mut width, mut height, mut fps, mut chroma) = (None, None, None, Chroma::C420);
     for f in fields.filter(|f| !f.is_empty()) {
@@ -112,21 +127,36 @@ pub fn read_header(r: &mut impl BufRead) -> Result<Header> {
         }
     }
     let width = width.ok_or_else(|| LiveError::Y4m("the header has no W (width) field".into()))?;
-    let height = height.ok_or_else(|| LiveError::Y4m("the header has no H (height) field".into()))?;
+    let height =
+        height.ok_or_else(|| LiveError::Y4m("the header has no H (height) field".into()))?;
     if width == 0 || height == 0 || width > MAX_SIDE || height > MAX_SIDE {
-        return Err(LiveError::Y4m(format!("frame size {width}x{height} is out of range (1..={MAX_SIDE} per side)")));
+        return Err(LiveError::Y4m(format!(
+            "frame size {width}x{height} is out of range (1..={MAX_SIDE} per side)"
+        )));
     }
-    Ok(Header { width, height, fps, chroma })
+    Ok(Header {
+        width,
+        height,
+        fps,
+        chroma,
+    })
 }
 
 /// Reads the next frame's planes; `None` at the end of the stream.
 pub fn read_frame(r: &mut impl BufRead, h: &Header, buf: &mut Vec<u8>) -> Result<bool> {
-    let Some(line) = read_line(r, 1024, "FRAME")? else { return Ok(false) };
+    let Some(line) = read_line(r, 1024, "FRAME")? else {
+        return Ok(false);
+    };
     if !line.starts_with(b"FRAME") {
         return Err(LiveError::Y4m("a frame does not start with `FRAME`".into()));
     }
     buf.resize(h.frame_bytes(), 0);
-    r.read_exact(buf).map_err(|e| LiveError::Y4m(format!("a frame is cut short ({} bytes expected): {e}", h.frame_bytes())))?;
+    r.read_exact(buf).map_err(|e| {
+        LiveError::Y4m(format!(
+            "a frame is cut short ({} bytes expected): {e}",
+            h.frame_bytes()
+        ))
+    })?;
     Ok(true)
 }
 
@@ -138,7 +168,11 @@ fn clamp8(v: f32) -> u8 {
 /// Chromium's fake camera use), chroma by nearest sample.
 pub fn to_rgb(h: &Header, planes: &[u8]) -> Result<RgbImage> {
     if planes.len() < h.frame_bytes() {
-        return Err(LiveError::Y4m(format!("a frame has {} bytes, {} expected", planes.len(), h.frame_bytes())));
+        return Err(LiveError::Y4m(format!(
+            "a frame has {} bytes, {} expected",
+            planes.len(),
+            h.frame_bytes()
+        )));
     }
     let (w, ht) = (h.width, h.height);
     let (cw, ch) = h.chroma_size();
@@ -152,28 +186,41 @@ pub fn to_rgb(h: &Header, planes: &[u8]) -> Result<RgbImage> {
                 (0.0, 0.0)
             } else {
                 let (cx, cy) = (col * cw / w, row * ch / ht);
-                (u[cy * cw + cx] as f32 - 128.0, v[cy * cw + cx] as f32 - 128.0)
+                (
+                    u[cy * cw + cx] as f32 - 128.0,
+                    v[cy * cw + cx] as f32 - 128.0,
+                )
             };
             out.push(clamp8(yy + 1.596_027 * cr));
             out.push(clamp8(yy - 0.391_762 * cb - 0.812_968 * cr));
             out.push(clamp8(yy + 2.017_232 * cb));
         }
     }
-    RgbImage::from_raw(w as u32, ht as u32, out).ok_or_else(|| LiveError::Y4m("frame buffer size mismatch".into()))
+    RgbImage::from_raw(w as u32, ht as u32, out)
+        .ok_or_else(|| LiveError::Y4m("frame buffer size mismatch".into()))
 }
 
 /// Writes RGB frames as a 4:2:0 Y4M stream (BT.601 limited range, chroma averaged
 /// over each 2x2 block): test inputs, and what Chromium's fake camera reads.
 pub fn write(w: &mut impl Write, frames: &[RgbImage], fps: u32) -> std::io::Result<()> {
-    let Some(first) = frames.first() else { return Ok(()) };
+    let Some(first) = frames.first() else {
+        return Ok(());
+    };
     let (width, height) = (first.width() as usize, first.height() as usize);
     writeln!(w, "YUV4MPEG2 W{width} H{height} F{fps}:1 Ip A1:1 C420jpeg")?;
     let (cw, ch) = (width.div_ceil(2), height.div_ceil(2));
     for f in frames {
         if (f.width() as usize, f.height() as usize) != (width, height) {
-            return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "Y4M frames must all have the same size"));
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "Y4M frames must all have the same size",
+            ));
         }
-        let px = |x: usize, y: usize| f.get_pixel(x.min(width - 1) as u32, y.min(height - 1) as u32).0.map(|c| c as f32);
+        let px = |x: usize, y: usize| {
+            f.get_pixel(x.min(width - 1) as u32, y.min(height - 1) as u32)
+                .0
+                .map(|c| c as f32)
+        };
         let mut y_plane = Vec::with_capacity(width * height);
         for y in 0..height {
             for x in 0..width {
@@ -192,8 +239,12 @@ pub fn write(w: &mut impl Write, frames: &[RgbImage], fps: u32) -> std::io::Resu
                     }
                 }
                 let [r, g, b] = acc;
-                u_plane.push(clamp8(128.0 - 0.148_223 * r - 0.290_993 * g + 0.439_216 * b));
-                v_plane.push(clamp8(128.0 + 0.439_216 * r - 0.367_788 * g - 0.071_427 * b));
+                u_plane.push(clamp8(
+                    128.0 - 0.148_223 * r - 0.290_993 * g + 0.439_216 * b,
+                ));
+                v_plane.push(clamp8(
+                    128.0 + 0.439_216 * r - 0.367_788 * g - 0.071_427 * b,
+                ));
             }
         }
         w.write_all(b"FRAME\n")?;

@@ -14,7 +14,14 @@ use image::{Rgb, RgbImage};
 
 fn model() -> SdModel {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../models/builtin");
-    SdModel::open(&root, &OpenOptions { unet: Some("unet_lcm".into()), ..Default::default() }).unwrap()
+    SdModel::open(
+        &root,
+        &OpenOptions {
+            unet: Some("unet_lcm".into()),
+            ..Default::default()
+        },
+    )
+    .unwrap()
 }
 
 fn frame(shift: u32) -> RgbImage {
@@ -32,7 +39,10 @@ fn frame(shift: u32) -> RgbImage {
 #[test]
 fn fixed_noise_same_frame_same_output_and_skip_on_still_input() {
     brume::runtime::on_compute_thread(|| {
-        let cfg = DiffuserConfig { strength: 0.6, ..DiffuserConfig::new("a large red circle on the left on a blue background") };
+        let cfg = DiffuserConfig {
+            strength: 0.6,
+            ..DiffuserConfig::new("a large red circle on the left on a blue background")
+        };
         let mut d = FrameDiffuser::new(model(), cfg).unwrap();
         let a = d.process(&frame(0)).unwrap();
         let b = d.process(&frame(10)).unwrap();
@@ -42,13 +52,22 @@ fn fixed_noise_same_frame_same_output_and_skip_on_still_input() {
         assert_eq!(a.image, c.image, "the same frame gives the same picture");
         assert_ne!(a.image, b.image, "a changed frame changes the picture");
 
-        d.set_techniques(Techniques { similarity_skip: true, ..Techniques::NONE });
+        d.set_techniques(Techniques {
+            similarity_skip: true,
+            ..Techniques::NONE
+        });
         let first = d.process(&frame(0)).unwrap();
         assert!(!first.skipped);
-        let skips: Vec<bool> = (0..12).map(|_| d.process(&frame(0)).unwrap().skipped).collect();
+        let skips: Vec<bool> = (0..12)
+            .map(|_| d.process(&frame(0)).unwrap().skipped)
+            .collect();
         assert_eq!(&skips[..10], &[true; 10], "a still input is skipped...");
         assert!(!skips[10], "...but not more than 10 times in a row");
-        assert_eq!(d.process(&frame(0)).unwrap().image, first.image, "a skip shows the last result");
+        assert_eq!(
+            d.process(&frame(0)).unwrap().image,
+            first.image,
+            "a skip shows the last result"
+        );
     });
 }
 
@@ -63,6 +82,72 @@ fn governor_lowers_the_resolution_for_an_impossible_target() {
         let s = g.governor.current();
         assert_eq!((s.width, s.steps), (32, 1), "{:?}", g.governor.decisions());
         let notes = g.notes();
-        assert!(notes.iter().any(|n| n.contains("-> 32 px x 1 step")), "{notes:?}");
+        assert!(
+            notes.iter().any(|n| n.contains("-> 32 px x 1 step")),
+            "{notes:?}"
+        );
     });
+}
+
+#[test]
+fn split_pipeline_gives_the_one_thread_results_in_order() {
+    use brume_live::diffuser::{DecodeStage, DenoiseStage, EncodeStage};
+    use brume_live::pipeline::{run_sequential, PipelineOptions};
+    use brume_live::source::Synthetic;
+    use brume_live::split::run_split;
+    use brume_live::WhenFull;
+    let cfg = DiffuserConfig {
+        strength: 0.5,
+        techniques: Techniques {
+            latent_blend: true,
+            ..Techniques::NONE
+        },
+        ..DiffuserConfig::new("a red circle")
+    };
+    let opts = PipelineOptions {
+        width: 64,
+        queue: 1,
+        when_full: WhenFull::Block,
+        pace_fps: None,
+        smoothing: None,
+    };
+    let frames = || Synthetic::new("pan", 6, None, |i| frame(i as u32 * 3));
+    let mut one = Vec::new();
+    let c = cfg.clone();
+    run_sequential(
+        &mut frames(),
+        move || FrameDiffuser::new(model(), c),
+        &mut |_, img| {
+            one.push(img.clone());
+            Ok(())
+        },
+        &opts,
+    )
+    .unwrap();
+    let mut split = Vec::new();
+    let (c1, c2) = (cfg.clone(), cfg.clone());
+    let r = run_split(
+        &mut frames(),
+        || EncodeStage::new(&model(), &c1),
+        || DenoiseStage::new(model(), &c2),
+        || DecodeStage::new(&model()),
+        &mut |i, img| {
+            split.push((i, img.clone()));
+            Ok(())
+        },
+        &opts,
+        1,
+    )
+    .unwrap();
+    assert_eq!(r.frames.len(), 6);
+    assert_eq!(
+        split.iter().map(|s| s.0).collect::<Vec<_>>(),
+        (0..6).collect::<Vec<_>>()
+    );
+    for (a, (_, b)) in one.iter().zip(&split) {
+        assert_eq!(
+            a, b,
+            "the split stages compute what one thread does (blending included)"
+        );
+    }
 }

@@ -32,6 +32,9 @@ pub enum Bench {
     /// `brume serve` under load (mixed requests from concurrent clients), HTTP
     /// vs library latency, and a seeded fuzz (`--fuzz N`); exits non-zero when a bar fails.
     Serve(super::bench_serve::ServeArgs),
+    /// The live pipeline on a synthetic moving scene: FPS, latency, pipeline vs one
+    /// thread, each technique on/off (flicker), the governor, and the bars.
+    Live(super::bench_live::LiveArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -63,6 +66,7 @@ pub fn run(b: Bench) -> anyhow::Result<()> {
         Bench::Kernels(a) => super::bench_kernels::run(a),
         Bench::Speed(a) => super::bench_speed::run(a),
         Bench::Serve(a) => super::bench_serve::run(a),
+        Bench::Live(a) => super::bench_live::run(a),
     }
 }
 

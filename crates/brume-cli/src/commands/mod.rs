@@ -13,6 +13,8 @@ pub mod gallery;
 pub mod generate;
 pub mod info;
 pub mod inspect;
+pub mod live;
+pub mod bench_live;
 pub mod memory;
 pub mod random_model;
 pub mod run;
