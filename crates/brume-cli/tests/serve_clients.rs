@@ -36,30 +36,59 @@ fn venv_python() -> PathBuf {
     let check = format!(
         "import importlib.metadata as m, sys; pins = {pins:?}; bad = [p for p in pins if m.version(p.split('==')[0]) != p.split('==')[1]]; sys.exit(1 if bad else 0)"
     );
-    let ready = || Command::new(&py).args(["-c", &check]).output().is_ok_and(|o| o.status.success());
+    let ready = || {
+        Command::new(&py)
+            .args(["-c", &check])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
     if ready() {
         return py;
     }
     if !py.exists() {
-        let out = Command::new("python3").args(["-m", "venv"]).arg(&venv).output().expect("python3 is needed for the client tests");
-        assert!(out.status.success(), "python3 -m venv failed: {}", String::from_utf8_lossy(&out.stderr));
+        let out = Command::new("python3")
+            .args(["-m", "venv"])
+            .arg(&venv)
+            .output()
+            .expect("python3 is needed for the client tests");
+        assert!(
+            out.status.success(),
+            "python3 -m venv failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     let out = Command::new(venv.join("bin/pip"))
         .args(["install", "--disable-pip-version-check", "-q", "-r"])
         .arg(&req)
         .output()
         .expect("pip runs");
-    assert!(out.status.success(), "pip install -r {} failed:\n{}", req.display(), String::from_utf8_lossy(&out.stderr));
-    assert!(ready(), "the pinned client packages are still missing after pip install");
+    assert!(
+        out.status.success(),
+        "pip install -r {} failed:\n{}",
+        req.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        ready(),
+        "the pinned client packages are still missing after pip install"
+    );
     py
 }
 
 fn run_script(py: &Path, script: &str, args: &[&str]) -> String {
-    let out = Command::new(py).arg(clients_dir().join(script)).args(args).current_dir(clients_dir()).output().expect("python runs");
+    let out = Command::new(py)
+        .arg(clients_dir().join(script))
+        .args(args)
+        .current_dir(clients_dir())
+        .output()
+        .expect("python runs");
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     println!("{script}:\n{stdout}");
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success() && stdout.trim_end().ends_with("OK"), "{script} failed:\n{stdout}\n{stderr}");
+    assert!(
+        out.status.success() && stdout.trim_end().ends_with("OK"),
+        "{script} failed:\n{stdout}\n{stderr}"
+    );
     stdout
 }
 
@@ -67,10 +96,24 @@ fn run_script(py: &Path, script: &str, args: &[&str]) -> String {
 fn openai_sdk_open_webui_and_sillytavern_get_pictures_with_their_recipe() {
     let py = venv_python();
     let tmp = tempfile::tempdir().unwrap();
-    let mut s = ServeChild::start(Path::new(env!("CARGO_BIN_EXE_brume")), &tmp.path().join("data"), &["--token", TOKEN], &[]).expect("serve starts");
+    let mut s = ServeChild::start(
+        Path::new(env!("CARGO_BIN_EXE_brume")),
+        &tmp.path().join("data"),
+        &["--token", TOKEN],
+        &[],
+    )
+    .expect("serve starts");
     let base = format!("http://{}", s.addr);
-    run_script(&py, "openai_client.py", &["--base-url", &format!("{base}/v1"), "--api-key", TOKEN]);
-    run_script(&py, "a1111_clients.py", &["--base-url", &base, "--auth", &format!("user:{TOKEN}")]);
+    run_script(
+        &py,
+        "openai_client.py",
+        &["--base-url", &format!("{base}/v1"), "--api-key", TOKEN],
+    );
+    run_script(
+        &py,
+        "a1111_clients.py",
+        &["--base-url", &base, "--auth", &format!("user:{TOKEN}")],
+    );
     let stderr = s.stderr();
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert!(s.stop());
@@ -81,8 +124,22 @@ fn openai_sdk_open_webui_and_sillytavern_get_pictures_with_their_recipe() {
 #[test]
 fn an_empty_authorization_header_is_no_credentials() {
     let tmp = tempfile::tempdir().unwrap();
-    let mut s = ServeChild::start(Path::new(env!("CARGO_BIN_EXE_brume")), &tmp.path().join("data"), &[], &[]).expect("serve starts");
-    let r = http::request(s.addr, "GET", "/sdapi/v1/options", &[("authorization", "")], &[], Duration::from_secs(30)).unwrap();
+    let mut s = ServeChild::start(
+        Path::new(env!("CARGO_BIN_EXE_brume")),
+        &tmp.path().join("data"),
+        &[],
+        &[],
+    )
+    .expect("serve starts");
+    let r = http::request(
+        s.addr,
+        "GET",
+        "/sdapi/v1/options",
+        &[("authorization", "")],
+        &[],
+        Duration::from_secs(30),
+    )
+    .unwrap();
     assert_eq!(r.status, 200, "{}", r.text());
     assert!(s.stop());
 }

@@ -20,7 +20,13 @@ fn seeded_fuzz_gets_no_5xx_no_panic_and_the_server_keeps_serving() {
     println!("{stdout}");
     eprintln!("{}", String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success(), "brume bench serve --fuzz failed");
-    for want in ["RESULT: PASS", "5xx: 0; no answer: 0; leaks of files outside the data dir: 0", "panics in the server's stderr: 0", "files written outside the data dir: 0", "good requests after the fuzz: native job done"] {
+    for want in [
+        "RESULT: PASS",
+        "5xx: 0; no answer: 0; leaks of files outside the data dir: 0",
+        "panics in the server's stderr: 0",
+        "files written outside the data dir: 0",
+        "good requests after the fuzz: native job done",
+    ] {
         assert!(stdout.contains(want), "`{want}` missing from the report");
     }
 }

@@ -88,10 +88,18 @@ struct TempDir {
 
 impl TempDir {
     fn new(tag: &str, keep: bool) -> anyhow::Result<Self> {
-        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
-        let root = std::env::temp_dir().join(format!("brume-bench-{tag}-{}-{nanos}", std::process::id()));
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let root =
+            std::env::temp_dir().join(format!("brume-bench-{tag}-{}-{nanos}", std::process::id()));
         std::fs::create_dir(&root).with_context(|| format!("creating {}", root.display()))?;
-        Ok(Self { path: root.join("data"), root, keep })
+        Ok(Self {
+            path: root.join("data"),
+            root,
+            keep,
+        })
     }
 }
 
@@ -119,9 +127,21 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         server_args.extend(["--max-job-seconds", "30"]);
     }
     let t = Instant::now();
-    let mut child = ServeChild::start(&exe, &dir.path, &server_args, &[]).context("starting brume serve")?;
-    println!("brume serve pid {} on http://{} (started in {:.1} s), data dir {}", child.pid(), child.addr, t.elapsed().as_secs_f64(), dir.path.display());
-    println!("CPU: {cpu} ({} threads)", std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+    let mut child =
+        ServeChild::start(&exe, &dir.path, &server_args, &[]).context("starting brume serve")?;
+    println!(
+        "brume serve pid {} on http://{} (started in {:.1} s), data dir {}",
+        child.pid(),
+        child.addr,
+        t.elapsed().as_secs_f64(),
+        dir.path.display()
+    );
+    println!(
+        "CPU: {cpu} ({} threads)",
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    );
     let mut failures: Vec<String> = Vec::new();
 
     if let Some(n) = a.fuzz {
@@ -137,10 +157,19 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         }
     }
 
-    let panics = child.stderr().lines().filter(|l| l.contains("panicked")).map(str::to_string).collect::<Vec<_>>();
+    let panics = child
+        .stderr()
+        .lines()
+        .filter(|l| l.contains("panicked"))
+        .map(str::to_string)
+        .collect::<Vec<_>>();
     println!("panics in the server's stderr: {}", panics.len());
     if !panics.is_empty() {
-        failures.push(format!("the server panicked {} time(s): {}", panics.len(), panics[0]));
+        failures.push(format!(
+            "the server panicked {} time(s): {}",
+            panics.len(),
+            panics[0]
+        ));
     }
     let clean = child.stop();
     if !clean {
@@ -154,7 +183,16 @@ pub fn run(a: ServeArgs) -> anyhow::Result<()> {
         for f in &failures {
             println!("  - {f}");
         }
-        let tail: String = child.stderr().lines().rev().take(20).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
+        let tail: String = child
+            .stderr()
+            .lines()
+            .rev()
+            .take(20)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect::<Vec<_>>()
+            .join("\n");
         eprintln!("last lines of the server's stderr:\n{tail}");
         bail!("{} check(s) failed", failures.len())
     }
@@ -173,7 +211,14 @@ enum Kind {
 }
 
 impl Kind {
-    const ALL: [Kind; 6] = [Kind::Native, Kind::A1111, Kind::OpenAi, Kind::Img2img, Kind::Cancel, Kind::Malformed];
+    const ALL: [Kind; 6] = [
+        Kind::Native,
+        Kind::A1111,
+        Kind::OpenAi,
+        Kind::Img2img,
+        Kind::Cancel,
+        Kind::Malformed,
+    ];
 
     fn name(self) -> &'static str {
         match self {
@@ -232,16 +277,25 @@ const TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Sends until the answer is not 429; each 429 must carry Retry-After, which is
 /// waited (at most 10 s).
-fn with_retry(o: &mut Outcome, mut send: impl FnMut() -> std::io::Result<http::Response>) -> Option<http::Response> {
+fn with_retry(
+    o: &mut Outcome,
+    mut send: impl FnMut() -> std::io::Result<http::Response>,
+) -> Option<http::Response> {
     loop {
         match send() {
             Ok(r) if r.status == 429 => {
                 o.all_statuses.push(429);
                 o.retries += 1;
-                let secs = match r.header("retry-after").and_then(|v| v.trim().parse::<u64>().ok()) {
+                let secs = match r
+                    .header("retry-after")
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                {
                     Some(s) => s,
                     None => {
-                        o.problem = Some(format!("429 without a usable Retry-After: {:?}", r.header("retry-after")));
+                        o.problem = Some(format!(
+                            "429 without a usable Retry-After: {:?}",
+                            r.header("retry-after")
+                        ));
                         return Some(r);
                     }
                 };
@@ -271,27 +325,46 @@ fn png_b64_ok(b64: &str) -> Result<(), String> {
         return Err("empty image".into());
     }
     let texts = http::png_texts(&png).ok_or("not a PNG")?;
-    if !texts.iter().any(|(k, v)| (k == "parameters" || k == "brume-recipe") && !v.is_empty()) {
-        return Err(format!("PNG has no recipe (text chunks: {:?})", texts.iter().map(|(k, _)| k).collect::<Vec<_>>()));
+    if !texts
+        .iter()
+        .any(|(k, v)| (k == "parameters" || k == "brume-recipe") && !v.is_empty())
+    {
+        return Err(format!(
+            "PNG has no recipe (text chunks: {:?})",
+            texts.iter().map(|(k, _)| k).collect::<Vec<_>>()
+        ));
     }
     Ok(())
 }
 
 /// Follows a native job to its end over Server-Sent Events (with a poll as the
 /// fallback), calling `on_step` on each step event.
-fn follow_job(ctx: &Ctx, o: &mut Outcome, id: &str, mut on_step: impl FnMut(u64, u64)) -> Option<Value> {
+fn follow_job(
+    ctx: &Ctx,
+    o: &mut Outcome,
+    id: &str,
+    mut on_step: impl FnMut(u64, u64),
+) -> Option<Value> {
     let mut last: Option<Value> = None;
-    let res = http::sse(ctx.addr, &format!("/api/v1/jobs/{id}/events"), TIMEOUT, |ev| {
-        match ev["type"].as_str() {
-            Some("step") => on_step(ev["step"].as_u64().unwrap_or(0), ev["total"].as_u64().unwrap_or(0)),
-            Some("done" | "failed" | "cancelled") => {
-                last = Some(ev.clone());
-                return false;
+    let res = http::sse(
+        ctx.addr,
+        &format!("/api/v1/jobs/{id}/events"),
+        TIMEOUT,
+        |ev| {
+            match ev["type"].as_str() {
+                Some("step") => on_step(
+                    ev["step"].as_u64().unwrap_or(0),
+                    ev["total"].as_u64().unwrap_or(0),
+                ),
+                Some("done" | "failed" | "cancelled") => {
+                    last = Some(ev.clone());
+                    return false;
+                }
+                _ => {}
             }
-            _ => {}
-        }
-        true
-    });
+            true
+        },
+    );
     match res {
         Ok(r) => o.all_statuses.push(r.status),
         Err(e) => o.problem = Some(format!("event stream of job {id}: {e}")),
@@ -310,11 +383,17 @@ fn follow_job(ctx: &Ctx, o: &mut Outcome, id: &str, mut on_step: impl FnMut(u64,
 }
 
 fn native_job(ctx: &Ctx, o: &mut Outcome, body: Value, cancel_half_way: bool) {
-    let Some(r) = with_retry(o, || http::post_json(ctx.addr, "/api/v1/jobs", &body)) else { return };
+    let Some(r) = with_retry(o, || http::post_json(ctx.addr, "/api/v1/jobs", &body)) else {
+        return;
+    };
     o.status = r.status;
     if r.status != 202 {
         if r.status < 500 && r.status != 429 {
-            o.problem = o.problem.take().or(Some(format!("expected 202, got {}: {}", r.status, r.text())));
+            o.problem = o.problem.take().or(Some(format!(
+                "expected 202, got {}: {}",
+                r.status,
+                r.text()
+            )));
         }
         return;
     }
@@ -326,7 +405,18 @@ fn native_job(ctx: &Ctx, o: &mut Outcome, body: Value, cancel_half_way: bool) {
     let mut cancel_status: Option<u16> = None;
     let view = follow_job(ctx, o, &id, |step, total| {
         if cancel_half_way && cancel_status.is_none() && total > 0 && step * 2 >= total {
-            cancel_status = Some(http::request(addr, "POST", &format!("/api/v1/jobs/{id}/cancel"), &[], &[], TIMEOUT).map(|r| r.status).unwrap_or(0));
+            cancel_status = Some(
+                http::request(
+                    addr,
+                    "POST",
+                    &format!("/api/v1/jobs/{id}/cancel"),
+                    &[],
+                    &[],
+                    TIMEOUT,
+                )
+                .map(|r| r.status)
+                .unwrap_or(0),
+            );
         }
     });
     if let Some(s) = cancel_status {
@@ -339,9 +429,15 @@ fn native_job(ctx: &Ctx, o: &mut Outcome, body: Value, cancel_half_way: bool) {
     let state = v["state"].as_str().unwrap_or("?").to_string();
     match state.as_str() {
         "done" => {
-            let images = v["result"]["images"].as_array().cloned().unwrap_or_default();
+            let images = v["result"]["images"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
             o.images = images.len();
-            o.gallery_ids = images.iter().filter_map(|i| i["gallery_id"].as_i64()).collect();
+            o.gallery_ids = images
+                .iter()
+                .filter_map(|i| i["gallery_id"].as_i64())
+                .collect();
             if o.gallery_ids.len() != images.len() {
                 o.problem = Some(format!("a picture without a gallery id: {v}"));
             }
@@ -369,8 +465,16 @@ fn native_job(ctx: &Ctx, o: &mut Outcome, body: Value, cancel_half_way: bool) {
     o.state = Some(state);
 }
 
-fn sync_job(ctx: &Ctx, o: &mut Outcome, path: &str, body: Value, images_at: &dyn Fn(&Value) -> Vec<String>) {
-    let Some(r) = with_retry(o, || http::post_json(ctx.addr, path, &body)) else { return };
+fn sync_job(
+    ctx: &Ctx,
+    o: &mut Outcome,
+    path: &str,
+    body: Value,
+    images_at: &dyn Fn(&Value) -> Vec<String>,
+) {
+    let Some(r) = with_retry(o, || http::post_json(ctx.addr, path, &body)) else {
+        return;
+    };
     o.status = r.status;
     if r.status != 200 {
         if o.problem.is_none() {
@@ -384,7 +488,10 @@ fn sync_job(ctx: &Ctx, o: &mut Outcome, path: &str, body: Value, images_at: &dyn
     };
     let imgs = images_at(&v);
     if imgs.is_empty() {
-        o.problem = Some(format!("no pictures: {}", r.text().chars().take(300).collect::<String>()));
+        o.problem = Some(format!(
+            "no pictures: {}",
+            r.text().chars().take(300).collect::<String>()
+        ));
         return;
     }
     for b in &imgs {
@@ -403,20 +510,98 @@ fn malformed(ctx: &Ctx, o: &mut Outcome, i: usize) {
     let a = ctx.addr;
     let json_h = [("Content-Type", "application/json")];
     let (what, res) = match (i / 20) % 12 {
-        0 => ("bad JSON", http::request(a, "POST", "/api/v1/jobs", &json_h, format!("{{\"prompt\": \"{p}\", \"steps\": ").as_bytes(), TIMEOUT)),
-        1 => ("wrong type", http::post_json(a, "/api/v1/jobs", &json!({"prompt": p, "steps": "ten"}))),
-        2 => ("negative size", http::post_json(a, "/api/v1/jobs", &json!({"prompt": p, "width": -128, "height": 128}))),
-        3 => ("huge steps", http::post_json(a, "/api/v1/jobs", &json!({"prompt": p, "steps": 1_000_000_000u64}))),
-        4 => ("base64 garbage", http::post_json(a, "/api/v1/jobs", &json!({"mode": "img2img", "prompt": p, "image": "data:image/png;base64,@@not*base64@@"}))),
-        5 => ("A1111 wrong type", http::post_json(a, "/sdapi/v1/txt2img", &json!({"prompt": p, "steps": "many", "width": ctx.size}))),
-        6 => ("OpenAI bad size", http::post_json(a, "/v1/images/generations", &json!({"prompt": p, "size": "hugexhuge"}))),
-        7 => ("unknown route", http::request(a, "GET", "/api/v1/no-such-thing", &[], &[], TIMEOUT)),
-        8 => ("wrong method", http::request(a, "PUT", "/api/v1/jobs", &json_h, br#"{"prompt":"x"}"#, TIMEOUT)),
-        9 => ("wrong content type", http::request(a, "POST", "/api/v1/jobs", &[("Content-Type", "text/plain")], format!("prompt={p}").as_bytes(), TIMEOUT)),
-        10 => ("A1111 img2img without a picture", http::post_json(a, "/sdapi/v1/img2img", &json!({"prompt": p, "steps": 2}))),
+        0 => (
+            "bad JSON",
+            http::request(
+                a,
+                "POST",
+                "/api/v1/jobs",
+                &json_h,
+                format!("{{\"prompt\": \"{p}\", \"steps\": ").as_bytes(),
+                TIMEOUT,
+            ),
+        ),
+        1 => (
+            "wrong type",
+            http::post_json(a, "/api/v1/jobs", &json!({"prompt": p, "steps": "ten"})),
+        ),
+        2 => (
+            "negative size",
+            http::post_json(
+                a,
+                "/api/v1/jobs",
+                &json!({"prompt": p, "width": -128, "height": 128}),
+            ),
+        ),
+        3 => (
+            "huge steps",
+            http::post_json(
+                a,
+                "/api/v1/jobs",
+                &json!({"prompt": p, "steps": 1_000_000_000u64}),
+            ),
+        ),
+        4 => (
+            "base64 garbage",
+            http::post_json(
+                a,
+                "/api/v1/jobs",
+                &json!({"mode": "img2img", "prompt": p, "image": "data:image/png;base64,@@not*base64@@"}),
+            ),
+        ),
+        5 => (
+            "A1111 wrong type",
+            http::post_json(
+                a,
+                "/sdapi/v1/txt2img",
+                &json!({"prompt": p, "steps": "many", "width": ctx.size}),
+            ),
+        ),
+        6 => (
+            "OpenAI bad size",
+            http::post_json(
+                a,
+                "/v1/images/generations",
+                &json!({"prompt": p, "size": "hugexhuge"}),
+            ),
+        ),
+        7 => (
+            "unknown route",
+            http::request(a, "GET", "/api/v1/no-such-thing", &[], &[], TIMEOUT),
+        ),
+        8 => (
+            "wrong method",
+            http::request(
+                a,
+                "PUT",
+                "/api/v1/jobs",
+                &json_h,
+                br#"{"prompt":"x"}"#,
+                TIMEOUT,
+            ),
+        ),
+        9 => (
+            "wrong content type",
+            http::request(
+                a,
+                "POST",
+                "/api/v1/jobs",
+                &[("Content-Type", "text/plain")],
+                format!("prompt={p}").as_bytes(),
+                TIMEOUT,
+            ),
+        ),
+        10 => (
+            "A1111 img2img without a picture",
+            http::post_json(a, "/sdapi/v1/img2img", &json!({"prompt": p, "steps": 2})),
+        ),
         _ => (
             "mask of the wrong size",
-            http::post_json(a, "/api/v1/jobs", &json!({"mode": "inpaint", "prompt": p, "image": ctx.image_b64, "mask": ctx.small_mask_b64, "steps": 2})),
+            http::post_json(
+                a,
+                "/api/v1/jobs",
+                &json!({"mode": "inpaint", "prompt": p, "image": ctx.image_b64, "mask": ctx.small_mask_b64, "steps": 2}),
+            ),
         ),
     };
     match res {
@@ -425,16 +610,27 @@ fn malformed(ctx: &Ctx, o: &mut Outcome, i: usize) {
             o.status = r.status;
             if r.status == 202 {
                 // Accepted, then refused by the worker: it must fail, never run.
-                let id = r.json().and_then(|v| v["id"].as_str().map(str::to_string)).unwrap_or_default();
+                let id = r
+                    .json()
+                    .and_then(|v| v["id"].as_str().map(str::to_string))
+                    .unwrap_or_default();
                 match http::wait_job(a, &id, TIMEOUT) {
                     Ok(v) if v["state"] == "failed" => o.state = Some("failed".into()),
                     Ok(v) => o.problem = Some(format!("{what}: accepted and ended {}", v["state"])),
                     Err(e) => o.problem = Some(format!("{what}: {e}")),
                 }
             } else if !(400..500).contains(&r.status) {
-                o.problem = Some(format!("{what}: expected a 4xx, got {}: {}", r.status, r.text()));
+                o.problem = Some(format!(
+                    "{what}: expected a 4xx, got {}: {}",
+                    r.status,
+                    r.text()
+                ));
             } else if r.json().is_none() && r.status != 405 {
-                o.problem = Some(format!("{what}: {} without a JSON error body: {}", r.status, r.text()));
+                o.problem = Some(format!(
+                    "{what}: {} without a JSON error body: {}",
+                    r.status,
+                    r.text()
+                ));
             }
         }
         Err(e) => o.problem = Some(format!("{what}: no answer: {e}")),
@@ -442,7 +638,10 @@ fn malformed(ctx: &Ctx, o: &mut Outcome, i: usize) {
 }
 
 fn one(ctx: &Ctx, i: usize, kind: Kind, tag: &str) -> Outcome {
-    let prompt = format!("{tag} {i} {} a red circle on a blue background", kind.name().replace(' ', "-"));
+    let prompt = format!(
+        "{tag} {i} {} a red circle on a blue background",
+        kind.name().replace(' ', "-")
+    );
     let mut o = Outcome {
         kind,
         prompt: prompt.clone(),
@@ -471,21 +670,44 @@ fn one(ctx: &Ctx, i: usize, kind: Kind, tag: &str) -> Outcome {
             json!({"mode": "img2img", "prompt": prompt, "image": ctx.image_b64, "strength": 0.5, "steps": steps * 2, "seed": seed, "preview_every": 0}),
             false,
         ),
-        Kind::Cancel => native_job(ctx, &mut o, json!({"prompt": prompt, "steps": steps * 12, "width": s, "height": s, "seed": seed, "preview_every": 0}), true),
+        Kind::Cancel => native_job(
+            ctx,
+            &mut o,
+            json!({"prompt": prompt, "steps": steps * 12, "width": s, "height": s, "seed": seed, "preview_every": 0}),
+            true,
+        ),
         Kind::A1111 => sync_job(
             ctx,
             &mut o,
             "/sdapi/v1/txt2img",
             json!({"prompt": prompt, "negative_prompt": "", "steps": steps, "width": s, "height": s, "seed": seed, "cfg_scale": 3.5,
                    "sampler_name": "Euler a", "batch_size": 1, "n_iter": 1, "restore_faces": false, "send_images": true, "save_images": false}),
-            &|v| v["images"].as_array().map(|a| a.iter().filter_map(|x| x.as_str().map(str::to_string)).collect()).unwrap_or_default(),
+            &|v| {
+                v["images"]
+                    .as_array()
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(|x| x.as_str().map(str::to_string))
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            },
         ),
         Kind::OpenAi => sync_job(
             ctx,
             &mut o,
             "/v1/images/generations",
             json!({"prompt": prompt, "n": 1 + (i / 20) % 2, "size": format!("{s}x{s}"), "response_format": "b64_json", "steps": steps, "seed": seed}),
-            &|v| v["data"].as_array().map(|a| a.iter().filter_map(|x| x["b64_json"].as_str().map(str::to_string)).collect()).unwrap_or_default(),
+            &|v| {
+                v["data"]
+                    .as_array()
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(|x| x["b64_json"].as_str().map(str::to_string))
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            },
         ),
         Kind::Malformed => malformed(ctx, &mut o, i),
     }
@@ -514,12 +736,16 @@ fn run_clients(ctx: &Arc<Ctx>, n: usize, clients: usize, tag: &str) -> Vec<Outco
     for t in threads {
         let _ = t.join();
     }
-    Arc::try_unwrap(out).map(|m| m.into_inner().unwrap_or_default()).unwrap_or_default()
+    Arc::try_unwrap(out)
+        .map(|m| m.into_inner().unwrap_or_default())
+        .unwrap_or_default()
 }
 
 fn rss_of(pid: u32) -> Option<u64> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    s.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+    s.lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
 }
 
 fn percentile(v: &[f64], p: f64) -> f64 {
@@ -533,9 +759,13 @@ fn percentile(v: &[f64], p: f64) -> f64 {
 }
 
 fn test_png(size: u32, seed: u8) -> anyhow::Result<Vec<u8>> {
-    let img = image::RgbImage::from_fn(size, size, |x, y| image::Rgb([(x * 255 / size) as u8, (y * 255 / size) as u8, seed]));
+    let img = image::RgbImage::from_fn(size, size, |x, y| {
+        image::Rgb([(x * 255 / size) as u8, (y * 255 / size) as u8, seed])
+    });
     let mut out = std::io::Cursor::new(Vec::new());
-    image::DynamicImage::ImageRgb8(img).write_to(&mut out, image::ImageFormat::Png).context("encoding a test picture")?;
+    image::DynamicImage::ImageRgb8(img)
+        .write_to(&mut out, image::ImageFormat::Png)
+        .context("encoding a test picture")?;
     Ok(out.into_inner())
 }
 
@@ -552,12 +782,18 @@ fn load(a: &ServeArgs, child: &ServeChild) -> anyhow::Result<Vec<String>> {
     let mut failures = Vec::new();
 
     // Warm-up: every kind, at the same concurrency, so pools and caches settle.
-    let warm_n = a.warmup.unwrap_or((a.clients * 2).max(20).min(a.requests.max(20)));
+    let warm_n = a
+        .warmup
+        .unwrap_or((a.clients * 2).max(20).min(a.requests.max(20)));
     let t = Instant::now();
     let warm = run_clients(&ctx, warm_n, a.clients, "bench-warmup");
     std::thread::sleep(Duration::from_millis(500));
     let rss_warm = child.rss_kib().unwrap_or(0);
-    println!("warm-up: {warm_n} requests in {:.1} s; server RSS {:.1} MiB", t.elapsed().as_secs_f64(), rss_warm as f64 / 1024.0);
+    println!(
+        "warm-up: {warm_n} requests in {:.1} s; server RSS {:.1} MiB",
+        t.elapsed().as_secs_f64(),
+        rss_warm as f64 / 1024.0
+    );
 
     // RSS over the run (a bounded cache levels off; a leak keeps climbing).
     let sampling = Arc::new(std::sync::atomic::AtomicBool::new(true));
@@ -585,9 +821,24 @@ fn load(a: &ServeArgs, child: &ServeChild) -> anyhow::Result<Vec<String>> {
     // ---- the table
     let images: usize = outcomes.iter().map(|o| o.images).sum();
     println!();
-    println!("load: {} requests, {} clients, {} px, {} steps (cancelled jobs {}), queue limit {}", a.requests, a.clients, a.size, a.steps, a.steps * 12, a.queue_limit);
-    println!("wall {wall:.1} s; throughput {:.2} req/s, {:.2} images/s", a.requests as f64 / wall, images as f64 / wall);
-    println!("{:<20} {:>6} {:>8} {:>9} {:>9} {:>9} {:>7}", "kind", "count", "success", "p50 ms", "p95 ms", "p99 ms", "429s");
+    println!(
+        "load: {} requests, {} clients, {} px, {} steps (cancelled jobs {}), queue limit {}",
+        a.requests,
+        a.clients,
+        a.size,
+        a.steps,
+        a.steps * 12,
+        a.queue_limit
+    );
+    println!(
+        "wall {wall:.1} s; throughput {:.2} req/s, {:.2} images/s",
+        a.requests as f64 / wall,
+        images as f64 / wall
+    );
+    println!(
+        "{:<20} {:>6} {:>8} {:>9} {:>9} {:>9} {:>7}",
+        "kind", "count", "success", "p50 ms", "p95 ms", "p99 ms", "429s"
+    );
     for k in Kind::ALL {
         let of: Vec<&Outcome> = outcomes.iter().filter(|o| o.kind == k).collect();
         let lat: Vec<f64> = of.iter().map(|o| o.latency * 1000.0).collect();
@@ -603,26 +854,57 @@ fn load(a: &ServeArgs, child: &ServeChild) -> anyhow::Result<Vec<String>> {
         );
     }
     let all_lat: Vec<f64> = outcomes.iter().map(|o| o.latency * 1000.0).collect();
-    println!("{:<20} {:>6} {:>8} {:>9.0} {:>9.0} {:>9.0} {:>7}", "all", outcomes.len(), outcomes.iter().filter(|o| o.success).count(),
-        percentile(&all_lat, 50.0), percentile(&all_lat, 95.0), percentile(&all_lat, 99.0), outcomes.iter().map(|o| o.retries).sum::<u32>());
+    println!(
+        "{:<20} {:>6} {:>8} {:>9.0} {:>9.0} {:>9.0} {:>7}",
+        "all",
+        outcomes.len(),
+        outcomes.iter().filter(|o| o.success).count(),
+        percentile(&all_lat, 50.0),
+        percentile(&all_lat, 95.0),
+        percentile(&all_lat, 99.0),
+        outcomes.iter().map(|o| o.retries).sum::<u32>()
+    );
     let mut by_status: HashMap<u16, usize> = HashMap::new();
     for o in &outcomes {
         *by_status.entry(o.status).or_default() += 1;
     }
     let mut st: Vec<_> = by_status.into_iter().collect();
     st.sort();
-    println!("final status of each request: {}", st.iter().map(|(s, n)| format!("{s}: {n}")).collect::<Vec<_>>().join(", "));
-    let every: Vec<u16> = outcomes.iter().chain(warm.iter()).flat_map(|o| o.all_statuses.iter().copied()).collect();
+    println!(
+        "final status of each request: {}",
+        st.iter()
+            .map(|(s, n)| format!("{s}: {n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let every: Vec<u16> = outcomes
+        .iter()
+        .chain(warm.iter())
+        .flat_map(|o| o.all_statuses.iter().copied())
+        .collect();
     let five = every.iter().filter(|&&s| s >= 500).count();
     let n429 = every.iter().filter(|&&s| s == 429).count();
     println!("HTTP exchanges: {} (429 answered {n429} times, each retried after Retry-After), 5xx: {five}", every.len());
-    let states: HashMap<String, usize> = outcomes.iter().filter(|o| o.kind == Kind::Cancel).fold(HashMap::new(), |mut m, o| {
-        *m.entry(o.state.clone().unwrap_or_else(|| "-".into())).or_default() += 1;
-        m
-    });
+    let states: HashMap<String, usize> =
+        outcomes
+            .iter()
+            .filter(|o| o.kind == Kind::Cancel)
+            .fold(HashMap::new(), |mut m, o| {
+                *m.entry(o.state.clone().unwrap_or_else(|| "-".into()))
+                    .or_default() += 1;
+                m
+            });
     println!("cancel half-way ended: {states:?}");
-    let growth = if rss_warm > 0 { (rss_end as f64 - rss_warm as f64) / rss_warm as f64 * 100.0 } else { f64::NAN };
-    println!("server RSS: after warm-up {:.1} MiB, at the end {:.1} MiB ({growth:+.1} %)", rss_warm as f64 / 1024.0, rss_end as f64 / 1024.0);
+    let growth = if rss_warm > 0 {
+        (rss_end as f64 - rss_warm as f64) / rss_warm as f64 * 100.0
+    } else {
+        f64::NAN
+    };
+    println!(
+        "server RSS: after warm-up {:.1} MiB, at the end {:.1} MiB ({growth:+.1} %)",
+        rss_warm as f64 / 1024.0,
+        rss_end as f64 / 1024.0
+    );
     if !samples.is_empty() {
         let at = |f: f64| samples[((samples.len() - 1) as f64 * f) as usize] as f64 / 1024.0;
         println!(
@@ -645,9 +927,14 @@ fn load(a: &ServeArgs, child: &ServeChild) -> anyhow::Result<Vec<String>> {
         failures.push(format!("{five} 5xx answers"));
     }
     if !(growth <= 10.0) {
-        failures.push(format!("RSS grew {growth:.1} % from after warm-up to the end (bar: 10 %)"));
+        failures.push(format!(
+            "RSS grew {growth:.1} % from after warm-up to the end (bar: 10 %)"
+        ));
     }
-    failures.extend(check_gallery(child.addr, outcomes.iter().chain(warm.iter()))?);
+    failures.extend(check_gallery(
+        child.addr,
+        outcomes.iter().chain(warm.iter()),
+    )?);
     let unanswered = outcomes.iter().filter(|o| o.status == 0).count();
     println!("unanswered requests: {unanswered}");
     Ok(failures)
@@ -656,11 +943,16 @@ fn load(a: &ServeArgs, child: &ServeChild) -> anyhow::Result<Vec<String>> {
 /// Every success in the gallery exactly once (its pictures, by its unique
 /// prompt), nothing from a failed, refused or cancelled request, and no
 /// gallery id handed out twice.
-fn check_gallery<'a>(addr: SocketAddr, outcomes: impl Iterator<Item = &'a Outcome>) -> anyhow::Result<Vec<String>> {
+fn check_gallery<'a>(
+    addr: SocketAddr,
+    outcomes: impl Iterator<Item = &'a Outcome>,
+) -> anyhow::Result<Vec<String>> {
     let items = http::gallery_all(addr, "").context("listing the gallery")?;
     let mut rows: HashMap<String, Vec<i64>> = HashMap::new();
     for it in &items {
-        rows.entry(it["prompt"].as_str().unwrap_or("").to_string()).or_default().push(it["id"].as_i64().unwrap_or(-1));
+        rows.entry(it["prompt"].as_str().unwrap_or("").to_string())
+            .or_default()
+            .push(it["id"].as_i64().unwrap_or(-1));
     }
     let mut failures = Vec::new();
     let mut expected_total = 0;
@@ -671,21 +963,42 @@ fn check_gallery<'a>(addr: SocketAddr, outcomes: impl Iterator<Item = &'a Outcom
         let want = if o.success { o.images } else { 0 };
         expected_total += want;
         if have != want {
-            failures.push(format!("gallery: `{}` ({}, state {:?}, status {}) has {have} row(s), expected {want}", o.prompt, o.kind.name(), o.state, o.status));
+            failures.push(format!(
+                "gallery: `{}` ({}, state {:?}, status {}) has {have} row(s), expected {want}",
+                o.prompt,
+                o.kind.name(),
+                o.state,
+                o.status
+            ));
         }
         for g in &o.gallery_ids {
             if let Some(prev) = ids_seen.insert(*g, &o.prompt) {
-                failures.push(format!("gallery id {g} reported for both `{prev}` and `{}`", o.prompt));
+                failures.push(format!(
+                    "gallery id {g} reported for both `{prev}` and `{}`",
+                    o.prompt
+                ));
             }
             if !rows.get(&o.prompt).is_some_and(|r| r.contains(g)) {
-                failures.push(format!("gallery id {g} of `{}` is not listed under its prompt", o.prompt));
+                failures.push(format!(
+                    "gallery id {g} of `{}` is not listed under its prompt",
+                    o.prompt
+                ));
             }
         }
     }
-    let ours = items.iter().filter(|i| i["prompt"].as_str().is_some_and(|p| p.starts_with("bench-"))).count();
+    let ours = items
+        .iter()
+        .filter(|i| {
+            i["prompt"]
+                .as_str()
+                .is_some_and(|p| p.starts_with("bench-"))
+        })
+        .count();
     println!("gallery: {} rows listed, {ours} from this run, {expected_total} expected (one per picture of each success)", items.len());
     if ours != expected_total {
-        failures.push(format!("gallery holds {ours} rows of this run, expected {expected_total}"));
+        failures.push(format!(
+            "gallery holds {ours} rows of this run, expected {expected_total}"
+        ));
     }
     failures.truncate(20);
     Ok(failures)
@@ -697,7 +1010,10 @@ fn check_gallery<'a>(addr: SocketAddr, outcomes: impl Iterator<Item = &'a Outcom
 /// one) while working on the pool's tasks: a plain blocking wait would take
 /// one of the pool's threads away from the job it waits for (half of a
 /// 2-core machine), making the library side look slower than it is.
-fn wait_helping(rt: &brume_runtime::Runtime, id: brume_runtime::JobId) -> Option<brume_runtime::JobStatus> {
+fn wait_helping(
+    rt: &brume_runtime::Runtime,
+    id: brume_runtime::JobId,
+) -> Option<brume_runtime::JobStatus> {
     loop {
         let s = rt.status(id)?;
         if s.state.is_finished() {
@@ -715,10 +1031,24 @@ fn latency(a: &ServeArgs, child: &ServeChild) -> anyhow::Result<Vec<String>> {
     let prompt = "a red circle on a blue background";
     let size = a.size;
     let steps = a.latency_steps;
-    let entry = super::ModelArgs { model: None, config: None, variant: None, unet: None }.entry();
-    let rt = Runtime::start(RuntimeConfig::new(vec![entry])).context("starting the library runtime")?;
+    let entry = super::ModelArgs {
+        model: None,
+        config: None,
+        variant: None,
+        unet: None,
+    }
+    .entry();
+    let rt =
+        Runtime::start(RuntimeConfig::new(vec![entry])).context("starting the library runtime")?;
     let lib_job = |seed: u64| -> anyhow::Result<(f64, bool, f64)> {
-        let spec = JobSpec { steps, seed: Some(seed), width: Some(size), height: Some(size), previews: PreviewPolicy::OFF, ..JobSpec::txt2img(prompt) };
+        let spec = JobSpec {
+            steps,
+            seed: Some(seed),
+            width: Some(size),
+            height: Some(size),
+            previews: PreviewPolicy::OFF,
+            ..JobSpec::txt2img(prompt)
+        };
         let t = Instant::now();
         let id = rt.submit(spec).context("library submit")?;
         let s = wait_helping(&rt, id).context("library job forgotten")?;
@@ -737,7 +1067,10 @@ fn latency(a: &ServeArgs, child: &ServeChild) -> anyhow::Result<Vec<String>> {
         if r.status != 202 {
             bail!("latency job: {} {}", r.status, r.text());
         }
-        let id = r.json().and_then(|v| v["id"].as_str().map(str::to_string)).context("no job id")?;
+        let id = r
+            .json()
+            .and_then(|v| v["id"].as_str().map(str::to_string))
+            .context("no job id")?;
         let mut done: Option<Value> = None;
         http::sse(addr, &format!("/api/v1/jobs/{id}/events"), TIMEOUT, |ev| {
             if matches!(ev["type"].as_str(), Some("done" | "failed" | "cancelled")) {
@@ -764,7 +1097,8 @@ fn latency(a: &ServeArgs, child: &ServeChild) -> anyhow::Result<Vec<String>> {
     let (first_lib, _, _) = lib_job(1000)?;
     let (mut h, mut l) = (Vec::new(), Vec::new());
     // The job's own time (timings.total_ms) on each side, and what the wall adds to it.
-    let (mut h_in, mut l_in, mut h_over, mut l_over) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut h_in, mut l_in, mut h_over, mut l_over) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut cached = 0;
     let mut te_ms = Vec::new();
     for i in 0..a.latency_runs {
@@ -781,7 +1115,10 @@ fn latency(a: &ServeArgs, child: &ServeChild) -> anyhow::Result<Vec<String>> {
         l_over.push(ms - total);
     }
     rt.shutdown();
-    let (hm, lm) = (super::bench::median(&h).unwrap_or(f64::NAN), super::bench::median(&l).unwrap_or(f64::NAN));
+    let (hm, lm) = (
+        super::bench::median(&h).unwrap_or(f64::NAN),
+        super::bench::median(&l).unwrap_or(f64::NAN),
+    );
     let within = hm <= lm * 1.10 || hm - lm <= 20.0;
     println!();
     println!(
@@ -789,7 +1126,10 @@ fn latency(a: &ServeArgs, child: &ServeChild) -> anyhow::Result<Vec<String>> {
         steps.map(|s| s.to_string()).unwrap_or_else(|| "default".into()),
         a.latency_runs
     );
-    println!("{:<34} {:>10} {:>10} {:>10}", "", "median ms", "min ms", "max ms");
+    println!(
+        "{:<34} {:>10} {:>10} {:>10}",
+        "", "median ms", "min ms", "max ms"
+    );
     let row = |name: &str, v: &[f64]| {
         let (m, lo, hi) = super::bench::spread(v).unwrap_or((f64::NAN, f64::NAN, f64::NAN));
         println!("{name:<34} {m:>10.1} {lo:>10.1} {hi:>10.1}");
@@ -800,7 +1140,12 @@ fn latency(a: &ServeArgs, child: &ServeChild) -> anyhow::Result<Vec<String>> {
     row("  library: the job's own total_ms", &l_in);
     row("  HTTP: wall - total_ms", &h_over);
     row("  library: wall - total_ms", &l_over);
-    println!("ratio HTTP/library {:.3}, difference {:+.1} ms: {} (bar: within 10 % or 20 ms)", hm / lm, hm - lm, if within { "PASS" } else { "FAIL" });
+    println!(
+        "ratio HTTP/library {:.3}, difference {:+.1} ms: {} (bar: within 10 % or 20 ms)",
+        hm / lm,
+        hm - lm,
+        if within { "PASS" } else { "FAIL" }
+    );
     println!("first runs: HTTP {first_http:.1} ms (text encoder cached: {first_cached}, {first_te:.1} ms), library {first_lib:.1} ms");
     println!(
         "text encoder skipped on repeats: {cached}/{} (text_encoder_cached=true in the job's timings; median text_encoder_ms {:.2})",
@@ -809,10 +1154,15 @@ fn latency(a: &ServeArgs, child: &ServeChild) -> anyhow::Result<Vec<String>> {
     );
     let mut failures = Vec::new();
     if !within && !a.latency_report_only {
-        failures.push(format!("HTTP median {hm:.1} ms vs library {lm:.1} ms: over 10 % and 20 ms"));
+        failures.push(format!(
+            "HTTP median {hm:.1} ms vs library {lm:.1} ms: over 10 % and 20 ms"
+        ));
     }
     if cached != a.latency_runs {
-        failures.push(format!("a repeated prompt ran the text encoder: cached {cached}/{}", a.latency_runs));
+        failures.push(format!(
+            "a repeated prompt ran the text encoder: cached {cached}/{}",
+            a.latency_runs
+        ));
     }
     Ok(failures)
 }

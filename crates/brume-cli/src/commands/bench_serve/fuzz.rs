@@ -97,16 +97,28 @@ fn encode(img: image::DynamicImage) -> Vec<u8> {
 
 impl Assets {
     pub fn new(canary_dir: &Path) -> Self {
-        let png64 = encode(image::DynamicImage::ImageRgb8(image::RgbImage::from_fn(64, 64, |x, y| image::Rgb([x as u8 * 4, y as u8 * 4, 90]))));
-        let png32 = encode(image::DynamicImage::ImageLuma8(image::GrayImage::from_pixel(32, 32, image::Luma([255]))));
-        let rgba64 = encode(image::DynamicImage::ImageRgba8(image::RgbaImage::from_fn(64, 64, |x, _| image::Rgba([200, 10, 10, if x < 32 { 0 } else { 255 }]))));
+        let png64 = encode(image::DynamicImage::ImageRgb8(image::RgbImage::from_fn(
+            64,
+            64,
+            |x, y| image::Rgb([x as u8 * 4, y as u8 * 4, 90]),
+        )));
+        let png32 = encode(image::DynamicImage::ImageLuma8(
+            image::GrayImage::from_pixel(32, 32, image::Luma([255])),
+        ));
+        let rgba64 = encode(image::DynamicImage::ImageRgba8(image::RgbaImage::from_fn(
+            64,
+            64,
+            |x, _| image::Rgba([200, 10, 10, if x < 32 { 0 } else { 255 }]),
+        )));
         // IHDR rewritten to 100000 x 100000 (CRC fixed, so only the size lies).
         let mut ihdr_bomb = png32.clone();
         ihdr_bomb[16..20].copy_from_slice(&100_000u32.to_be_bytes());
         ihdr_bomb[20..24].copy_from_slice(&100_000u32.to_be_bytes());
         let crc = crc32(b"IHDR", &ihdr_bomb[16..29]);
         ihdr_bomb[29..33].copy_from_slice(&crc.to_be_bytes());
-        let pixel_bomb = encode(image::DynamicImage::ImageLuma8(image::GrayImage::new(5000, 5000)));
+        let pixel_bomb = encode(image::DynamicImage::ImageLuma8(image::GrayImage::new(
+            5000, 5000,
+        )));
         // zTXt "parameters": 64 MiB of 'a' deflated to ~64 KiB.
         let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
         let block = vec![b'a'; 1 << 20];
@@ -125,7 +137,17 @@ impl Assets {
         let canary_secret = format!("brume-canary-{:x}", std::process::id() as u64 * 0x9E37_79B9);
         let canary_name = "brume-fuzz-canary.txt".to_string();
         let _ = std::fs::write(canary_dir.join(&canary_name), &canary_secret);
-        Assets { png64, png32, rgba64, ihdr_bomb, pixel_bomb, ztxt_bomb, truncated, canary_secret, canary_name }
+        Assets {
+            png64,
+            png32,
+            rgba64,
+            ihdr_bomb,
+            pixel_bomb,
+            ztxt_bomb,
+            truncated,
+            canary_secret,
+            canary_name,
+        }
     }
 }
 
@@ -240,23 +262,72 @@ fn b64png(p: &[u8]) -> String {
 /// A valid, cheap request body for an endpoint (what the mutations start from).
 fn template(route: &str, a: &Assets) -> Value {
     match route {
-        "/api/v1/jobs" => json!({"prompt": "fuzz", "unet": "unet_lcm", "steps": 1, "width": 64, "height": 64, "seed": 1, "preview_every": 0}),
-        "/sdapi/v1/txt2img" => json!({"prompt": "fuzz", "steps": 1, "width": 64, "height": 64, "sampler_name": "Euler", "seed": 1}),
-        "/sdapi/v1/img2img" => json!({"prompt": "fuzz", "steps": 1, "init_images": [http::b64(&a.png64)], "denoising_strength": 0.5, "seed": 1}),
-        "/sdapi/v1/options" => json!({"sd_model_checkpoint": "builtin", "CLIP_stop_at_last_layers": 1}),
+        "/api/v1/jobs" => {
+            json!({"prompt": "fuzz", "unet": "unet_lcm", "steps": 1, "width": 64, "height": 64, "seed": 1, "preview_every": 0})
+        }
+        "/sdapi/v1/txt2img" => {
+            json!({"prompt": "fuzz", "steps": 1, "width": 64, "height": 64, "sampler_name": "Euler", "seed": 1})
+        }
+        "/sdapi/v1/img2img" => {
+            json!({"prompt": "fuzz", "steps": 1, "init_images": [http::b64(&a.png64)], "denoising_strength": 0.5, "seed": 1})
+        }
+        "/sdapi/v1/options" => {
+            json!({"sd_model_checkpoint": "builtin", "CLIP_stop_at_last_layers": 1})
+        }
         "/sdapi/v1/png-info" => json!({"image": b64png(&a.png64)}),
-        "/v1/images/generations" => json!({"prompt": "fuzz", "n": 1, "size": "64x64", "response_format": "b64_json", "steps": 1, "seed": 1}),
+        "/v1/images/generations" => {
+            json!({"prompt": "fuzz", "n": 1, "size": "64x64", "response_format": "b64_json", "steps": 1, "seed": 1})
+        }
         "/api/v1/gallery/1" => json!({"favourite": true, "tags": ["a", "b"]}),
         _ => json!({}),
     }
 }
 
 const FIELDS: &[&str] = &[
-    "prompt", "negative_prompt", "mode", "model", "unet", "sampler", "steps", "guidance", "strength", "seed", "width", "height",
-    "batch", "eta", "clip_skip", "image", "mask", "extend", "feather", "priority", "client", "lane", "preview_every", "parent",
-    "sampler_name", "sampler_index", "scheduler", "cfg_scale", "batch_size", "n_iter", "denoising_strength", "init_images",
-    "inpainting_mask_invert", "mask_blur", "override_settings", "n", "size", "response_format", "output_format",
-    "output_compression", "sd_model_checkpoint", "favourite", "tags", "CLIP_stop_at_last_layers",
+    "prompt",
+    "negative_prompt",
+    "mode",
+    "model",
+    "unet",
+    "sampler",
+    "steps",
+    "guidance",
+    "strength",
+    "seed",
+    "width",
+    "height",
+    "batch",
+    "eta",
+    "clip_skip",
+    "image",
+    "mask",
+    "extend",
+    "feather",
+    "priority",
+    "client",
+    "lane",
+    "preview_every",
+    "parent",
+    "sampler_name",
+    "sampler_index",
+    "scheduler",
+    "cfg_scale",
+    "batch_size",
+    "n_iter",
+    "denoising_strength",
+    "init_images",
+    "inpainting_mask_invert",
+    "mask_blur",
+    "override_settings",
+    "n",
+    "size",
+    "response_format",
+    "output_format",
+    "output_compression",
+    "sd_model_checkpoint",
+    "favourite",
+    "tags",
+    "CLIP_stop_at_last_layers",
 ];
 
 fn wrong_value(r: &mut Rng) -> Value {
@@ -297,11 +368,25 @@ fn huge_value(r: &mut Rng) -> Value {
 }
 
 fn negative_value(r: &mut Rng) -> Value {
-    r.pick(&[json!(-1), json!(-128), json!(i64::MIN), json!(-1e308), json!(-0.5), json!(0)]).clone()
+    r.pick(&[
+        json!(-1),
+        json!(-128),
+        json!(i64::MIN),
+        json!(-1e308),
+        json!(-0.5),
+        json!(0),
+    ])
+    .clone()
 }
 
 fn json_req(addr: SocketAddr, method: &str, path: &str, body: &[u8]) -> Vec<u8> {
-    http::request_bytes(addr, method, path, &[("Content-Type", "application/json")], body)
+    http::request_bytes(
+        addr,
+        method,
+        path,
+        &[("Content-Type", "application/json")],
+        body,
+    )
 }
 
 fn bad_json(r: &mut Rng, valid: &str) -> Vec<u8> {
@@ -323,7 +408,9 @@ fn bad_json(r: &mut Rng, valid: &str) -> Vec<u8> {
         6 => br#"{"prompt": "a", "prompt": 5, "steps": 1, "steps": "x"}"#.to_vec(),
         7 => format!("{valid} trailing garbage").into_bytes(),
         8 => Vec::new(),
-        9 => r.pick(&[&b"null"[..], b"[]", b"42", b"\"str\"", b"true", b"{}"]).to_vec(),
+        9 => r
+            .pick(&[&b"null"[..], b"[]", b"42", b"\"str\"", b"true", b"{}"])
+            .to_vec(),
         10 => br#"{"prompt": "a", "steps": 1e400, "width": 0x40}"#.to_vec(),
         _ => {
             // Invalid UTF-8 inside a string.
@@ -343,8 +430,20 @@ fn multipart_req(addr: SocketAddr, path: &str, fields: &[(&str, Option<&str>, &[
 /// Builds case `i`.
 pub fn case(addr: SocketAddr, seed: u64, i: usize, a: &Assets) -> Case {
     let mut r = Rng::new(seed, i as u64);
-    let c = |desc: String, bytes: Vec<u8>| Case { desc, bytes, garbage: false, huge: false };
-    let json_routes = ["/api/v1/jobs", "/sdapi/v1/txt2img", "/sdapi/v1/img2img", "/sdapi/v1/options", "/sdapi/v1/png-info", "/v1/images/generations"];
+    let c = |desc: String, bytes: Vec<u8>| Case {
+        desc,
+        bytes,
+        garbage: false,
+        huge: false,
+    };
+    let json_routes = [
+        "/api/v1/jobs",
+        "/sdapi/v1/txt2img",
+        "/sdapi/v1/img2img",
+        "/sdapi/v1/options",
+        "/sdapi/v1/png-info",
+        "/v1/images/generations",
+    ];
     let family = r.below(1000);
     match family {
         // bad JSON
@@ -352,7 +451,10 @@ pub fn case(addr: SocketAddr, seed: u64, i: usize, a: &Assets) -> Case {
             let route = *r.pick(&json_routes);
             let valid = template(route, a).to_string();
             let body = bad_json(&mut r, &valid);
-            c(format!("bad JSON to {route}"), json_req(addr, "POST", route, &body))
+            c(
+                format!("bad JSON to {route}"),
+                json_req(addr, "POST", route, &body),
+            )
         }
         // wrong types
         100..=249 => {
@@ -369,29 +471,76 @@ pub fn case(addr: SocketAddr, seed: u64, i: usize, a: &Assets) -> Case {
                 };
             }
             let desc = format!("wrong type {field}={} to {route}", clip(&val.to_string()));
-            c(desc, json_req(addr, "POST", route, v.to_string().as_bytes()))
+            c(
+                desc,
+                json_req(addr, "POST", route, v.to_string().as_bytes()),
+            )
         }
         // huge numbers
         250..=329 => {
             let route = *r.pick(&json_routes);
             let mut v = template(route, a);
-            let field = *r.pick(&["steps", "width", "height", "seed", "batch", "n", "batch_size", "n_iter", "guidance", "cfg_scale", "clip_skip", "feather", "mask_blur", "preview_every", "parent", "output_compression", "denoising_strength", "strength", "eta", "CLIP_stop_at_last_layers"]);
+            let field = *r.pick(&[
+                "steps",
+                "width",
+                "height",
+                "seed",
+                "batch",
+                "n",
+                "batch_size",
+                "n_iter",
+                "guidance",
+                "cfg_scale",
+                "clip_skip",
+                "feather",
+                "mask_blur",
+                "preview_every",
+                "parent",
+                "output_compression",
+                "denoising_strength",
+                "strength",
+                "eta",
+                "CLIP_stop_at_last_layers",
+            ]);
             let val = huge_value(&mut r);
             v[field] = val.clone();
             if field == "n" || route == "/v1/images/generations" && r.chance(30) {
-                v["size"] = json!(r.pick(&["99999x99999", "18446744073709551616x64", "4097x64", "64x0", "0x0", "1x1"]).to_string());
+                v["size"] = json!(r
+                    .pick(&[
+                        "99999x99999",
+                        "18446744073709551616x64",
+                        "4097x64",
+                        "64x0",
+                        "0x0",
+                        "1x1"
+                    ])
+                    .to_string());
             }
-            c(format!("huge {field}={val} to {route}"), json_req(addr, "POST", route, v.to_string().as_bytes()))
+            c(
+                format!("huge {field}={val} to {route}"),
+                json_req(addr, "POST", route, v.to_string().as_bytes()),
+            )
         }
         // negative sizes
         330..=379 => {
-            let route = *r.pick(&["/api/v1/jobs", "/sdapi/v1/txt2img", "/sdapi/v1/img2img", "/v1/images/generations"]);
+            let route = *r.pick(&[
+                "/api/v1/jobs",
+                "/sdapi/v1/txt2img",
+                "/sdapi/v1/img2img",
+                "/v1/images/generations",
+            ]);
             let mut v = template(route, a);
             let neg = negative_value(&mut r);
             match r.below(4) {
                 0 => v["width"] = neg.clone(),
                 1 => v["height"] = neg.clone(),
-                2 => v["size"] = json!(r.pick(&["-64x-64", "-1x64", "64x-1", "0x64", "64x", "x64", "64*64", "64x64x64"]).to_string()),
+                2 => {
+                    v["size"] = json!(r
+                        .pick(&[
+                            "-64x-64", "-1x64", "64x-1", "0x64", "64x", "x64", "64*64", "64x64x64"
+                        ])
+                        .to_string())
+                }
                 _ => {
                     v["mode"] = json!("outpaint");
                     v["image"] = json!(b64png(&a.png64));
@@ -402,7 +551,10 @@ pub fn case(addr: SocketAddr, seed: u64, i: usize, a: &Assets) -> Case {
                     });
                 }
             }
-            c(format!("negative size {neg} to {route}"), json_req(addr, "POST", route, v.to_string().as_bytes()))
+            c(
+                format!("negative size {neg} to {route}"),
+                json_req(addr, "POST", route, v.to_string().as_bytes()),
+            )
         }
         // base64 garbage
         380..=459 => {
@@ -410,7 +562,10 @@ pub fn case(addr: SocketAddr, seed: u64, i: usize, a: &Assets) -> Case {
                 0 => "@@@not base64@@@".to_string(),
                 1 => http::b64(&r.some_bytes(4000)),
                 2 => format!("data:image/png;base64,{}", http::b64(&a.truncated)),
-                3 => format!("data:text/html;base64,{}", http::b64(b"<script>alert(1)</script>")),
+                3 => format!(
+                    "data:text/html;base64,{}",
+                    http::b64(b"<script>alert(1)</script>")
+                ),
                 4 => "data:image/png;base64,".to_string(),
                 5 => format!("data:image/png;base64,{}===", http::b64(&a.png64)),
                 6 => "A".repeat(1 + r.below(100000)),
@@ -418,13 +573,28 @@ pub fn case(addr: SocketAddr, seed: u64, i: usize, a: &Assets) -> Case {
                 _ => String::from_utf8_lossy(&r.bytes(200)).into_owned(),
             };
             let (route, v) = match r.below(5) {
-                0 => ("/api/v1/jobs", json!({"mode": "img2img", "prompt": "fuzz", "image": garbage, "steps": 1})),
-                1 => ("/api/v1/jobs", json!({"mode": "inpaint", "prompt": "fuzz", "image": b64png(&a.png64), "mask": garbage, "steps": 1})),
-                2 => ("/sdapi/v1/img2img", json!({"prompt": "fuzz", "init_images": [garbage], "steps": 1})),
-                3 => ("/sdapi/v1/img2img", json!({"prompt": "fuzz", "init_images": [http::b64(&a.png64)], "mask": garbage, "steps": 1})),
+                0 => (
+                    "/api/v1/jobs",
+                    json!({"mode": "img2img", "prompt": "fuzz", "image": garbage, "steps": 1}),
+                ),
+                1 => (
+                    "/api/v1/jobs",
+                    json!({"mode": "inpaint", "prompt": "fuzz", "image": b64png(&a.png64), "mask": garbage, "steps": 1}),
+                ),
+                2 => (
+                    "/sdapi/v1/img2img",
+                    json!({"prompt": "fuzz", "init_images": [garbage], "steps": 1}),
+                ),
+                3 => (
+                    "/sdapi/v1/img2img",
+                    json!({"prompt": "fuzz", "init_images": [http::b64(&a.png64)], "mask": garbage, "steps": 1}),
+                ),
                 _ => ("/sdapi/v1/png-info", json!({"image": garbage})),
             };
-            c(format!("base64 garbage to {route}"), json_req(addr, "POST", route, v.to_string().as_bytes()))
+            c(
+                format!("base64 garbage to {route}"),
+                json_req(addr, "POST", route, v.to_string().as_bytes()),
+            )
         }
         // decompression bombs
         460..=499 => {
@@ -479,60 +649,159 @@ pub fn case(addr: SocketAddr, seed: u64, i: usize, a: &Assets) -> Case {
                         ])
                         .clone();
                     let method = *r.pick(&["GET", "GET", "DELETE", "PATCH", "POST"]);
-                    let body: &[u8] = if method == "PATCH" { br#"{"tags": ["../../x"]}"# } else { b"" };
-                    c(format!("traversal {method} {path}"), json_req(addr, method, &path, body))
+                    let body: &[u8] = if method == "PATCH" {
+                        br#"{"tags": ["../../x"]}"#
+                    } else {
+                        b""
+                    };
+                    c(
+                        format!("traversal {method} {path}"),
+                        json_req(addr, method, &path, body),
+                    )
                 }
                 2 => {
                     let x = r.pick(&s).clone();
                     let (route, v) = match r.below(7) {
-                        0 => ("/api/v1/jobs", json!({"prompt": "fuzz", "model": x, "steps": 1, "width": 64, "height": 64})),
-                        1 => ("/api/v1/jobs", json!({"prompt": "fuzz", "unet": x, "steps": 1, "width": 64, "height": 64})),
-                        2 => ("/api/v1/jobs", json!({"prompt": "fuzz", "sampler": x, "client": x, "steps": 1, "width": 64, "height": 64})),
+                        0 => (
+                            "/api/v1/jobs",
+                            json!({"prompt": "fuzz", "model": x, "steps": 1, "width": 64, "height": 64}),
+                        ),
+                        1 => (
+                            "/api/v1/jobs",
+                            json!({"prompt": "fuzz", "unet": x, "steps": 1, "width": 64, "height": 64}),
+                        ),
+                        2 => (
+                            "/api/v1/jobs",
+                            json!({"prompt": "fuzz", "sampler": x, "client": x, "steps": 1, "width": 64, "height": 64}),
+                        ),
                         3 => ("/sdapi/v1/options", json!({"sd_model_checkpoint": x})),
-                        4 => ("/sdapi/v1/txt2img", json!({"prompt": "fuzz", "steps": 1, "width": 64, "height": 64, "override_settings": {"sd_model_checkpoint": x, "sd_vae": x}})),
-                        5 => ("/v1/images/generations", json!({"prompt": "fuzz", "model": x, "size": "64x64", "steps": 1})),
+                        4 => (
+                            "/sdapi/v1/txt2img",
+                            json!({"prompt": "fuzz", "steps": 1, "width": 64, "height": 64, "override_settings": {"sd_model_checkpoint": x, "sd_vae": x}}),
+                        ),
+                        5 => (
+                            "/v1/images/generations",
+                            json!({"prompt": "fuzz", "model": x, "size": "64x64", "steps": 1}),
+                        ),
                         _ => ("/api/v1/gallery/1", json!({"tags": [x]})),
                     };
-                    let method = if route == "/api/v1/gallery/1" { "PATCH" } else { "POST" };
-                    c(format!("traversal name {} to {route}", clip(&x)), json_req(addr, method, route, v.to_string().as_bytes()))
+                    let method = if route == "/api/v1/gallery/1" {
+                        "PATCH"
+                    } else {
+                        "POST"
+                    };
+                    c(
+                        format!("traversal name {} to {route}", clip(&x)),
+                        json_req(addr, method, route, v.to_string().as_bytes()),
+                    )
                 }
                 3 => {
                     let x = r.pick(&s).clone();
                     let name = format!("../{x}");
                     let bytes = match r.below(3) {
-                        0 => multipart_req(addr, "/api/v1/gallery/import", &[("file", Some(&name), &a.png64)]),
-                        1 => multipart_req(addr, "/v1/images/edits", &[("prompt", None, b"fuzz"), ("size", None, b"64x64"), ("image", Some(&name), &a.png64), (x.as_str(), None, b"1")]),
-                        _ => multipart_req(addr, "/api/v1/jobs", &[("prompt", None, b"fuzz"), ("steps", None, b"1"), ("image", Some(&name), &a.png64), ("model", None, x.as_bytes())]),
+                        0 => multipart_req(
+                            addr,
+                            "/api/v1/gallery/import",
+                            &[("file", Some(&name), &a.png64)],
+                        ),
+                        1 => multipart_req(
+                            addr,
+                            "/v1/images/edits",
+                            &[
+                                ("prompt", None, b"fuzz"),
+                                ("size", None, b"64x64"),
+                                ("image", Some(&name), &a.png64),
+                                (x.as_str(), None, b"1"),
+                            ],
+                        ),
+                        _ => multipart_req(
+                            addr,
+                            "/api/v1/jobs",
+                            &[
+                                ("prompt", None, b"fuzz"),
+                                ("steps", None, b"1"),
+                                ("image", Some(&name), &a.png64),
+                                ("model", None, x.as_bytes()),
+                            ],
+                        ),
                     };
                     c(format!("traversal file name {}", clip(&name)), bytes)
                 }
                 _ => {
                     // Raw path bytes no URL parser would let through.
-                    let x = r.pick(&["/../../etc/passwd", "/api/v1/gallery/1/../../../etc/passwd", "/assets/..\\..\\etc\\passwd", "/api/v1/gallery/\0/image", "//etc/passwd", "/api/v1/../../etc/passwd"]);
-                    let bytes = format!("GET {x} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").into_bytes();
-                    Case { desc: format!("raw traversal path {x:?}"), bytes, garbage: true, huge: false }
+                    let x = r.pick(&[
+                        "/../../etc/passwd",
+                        "/api/v1/gallery/1/../../../etc/passwd",
+                        "/assets/..\\..\\etc\\passwd",
+                        "/api/v1/gallery/\0/image",
+                        "//etc/passwd",
+                        "/api/v1/../../etc/passwd",
+                    ]);
+                    let bytes =
+                        format!("GET {x} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n")
+                            .into_bytes();
+                    Case {
+                        desc: format!("raw traversal path {x:?}"),
+                        bytes,
+                        garbage: true,
+                        huge: false,
+                    }
                 }
             }
         }
         // huge bodies (rare: each is 33 MiB)
         700..=702 => {
-            let route = *r.pick(&["/api/v1/jobs", "/sdapi/v1/txt2img", "/v1/images/edits", "/api/v1/gallery/import"]);
+            let route = *r.pick(&[
+                "/api/v1/jobs",
+                "/sdapi/v1/txt2img",
+                "/v1/images/edits",
+                "/api/v1/gallery/import",
+            ]);
             let mut body = br#"{"prompt": ""#.to_vec();
             body.resize(33 << 20, b'a');
             body.extend_from_slice(br#""}"#);
-            Case { desc: format!("33 MiB body to {route}"), bytes: json_req(addr, "POST", route, &body), garbage: false, huge: true }
+            Case {
+                desc: format!("33 MiB body to {route}"),
+                bytes: json_req(addr, "POST", route, &body),
+                garbage: false,
+                huge: true,
+            }
         }
         // wrong methods
         703..=759 => {
             let (_, path) = *r.pick(ROUTES);
-            let method = *r.pick(&["PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "CONNECT", "FOO", "get", "HEAD", "POST", "GET"]);
-            let bytes = json_req(addr, method, path, if r.chance(50) { br#"{"prompt":"x"}"# } else { b"" });
+            let method = *r.pick(&[
+                "PUT", "PATCH", "DELETE", "OPTIONS", "TRACE", "CONNECT", "FOO", "get", "HEAD",
+                "POST", "GET",
+            ]);
+            let bytes = json_req(
+                addr,
+                method,
+                path,
+                if r.chance(50) {
+                    br#"{"prompt":"x"}"#
+                } else {
+                    b""
+                },
+            );
             // CONNECT and odd methods may be refused at the framing level.
-            Case { desc: format!("method {method} {path}"), bytes, garbage: method == "CONNECT", huge: false }
+            Case {
+                desc: format!("method {method} {path}"),
+                bytes,
+                garbage: method == "CONNECT",
+                huge: false,
+            }
         }
         // wrong content types
         760..=809 => {
-            let route = *r.pick(&["/api/v1/jobs", "/sdapi/v1/txt2img", "/v1/images/generations", "/v1/images/edits", "/api/v1/gallery/import", "/sdapi/v1/options"]);
+            let route = *r.pick(&[
+                "/api/v1/jobs",
+                "/sdapi/v1/txt2img",
+                "/v1/images/generations",
+                "/v1/images/edits",
+                "/api/v1/gallery/import",
+                "/sdapi/v1/options",
+            ]);
             let ct = *r.pick(&[
                 "text/plain",
                 "application/xml",
@@ -546,20 +815,36 @@ pub fn case(addr: SocketAddr, seed: u64, i: usize, a: &Assets) -> Case {
                 "\u{1}\u{2}",
                 "application/json, text/plain",
             ]);
-            let body = if r.chance(50) { template(route, a).to_string().into_bytes() } else { b"prompt=fuzz&steps=1".to_vec() };
-            c(format!("content type {ct:?} to {route}"), http::request_bytes(addr, "POST", route, &[("Content-Type", ct)], &body))
+            let body = if r.chance(50) {
+                template(route, a).to_string().into_bytes()
+            } else {
+                b"prompt=fuzz&steps=1".to_vec()
+            };
+            c(
+                format!("content type {ct:?} to {route}"),
+                http::request_bytes(addr, "POST", route, &[("Content-Type", ct)], &body),
+            )
         }
         // unknown routes
         810..=849 => {
             let path = match r.below(6) {
-                0 => format!("/{}", (0..1 + r.below(6)).map(|_| format!("{:x}", r.next())).collect::<Vec<_>>().join("/")),
+                0 => format!(
+                    "/{}",
+                    (0..1 + r.below(6))
+                        .map(|_| format!("{:x}", r.next()))
+                        .collect::<Vec<_>>()
+                        .join("/")
+                ),
                 1 => format!("/api/v1/{}", "a".repeat(r.below(20000))),
                 2 => "/api/v2/jobs".into(),
                 3 => "/sdapi/v1/extra-single-image".into(),
                 4 => "/api/v1/jobs/%F0%9F%92%A9/%ff%fe".into(),
                 _ => "/v1/chat/completions?x=%zz&&&==".into(),
             };
-            c(format!("unknown route {}", clip(&path)), json_req(addr, *r.pick(&["GET", "POST"]), &path, b"{}"))
+            c(
+                format!("unknown route {}", clip(&path)),
+                json_req(addr, *r.pick(&["GET", "POST"]), &path, b"{}"),
+            )
         }
         // not HTTP, or broken framing
         850..=879 => {
@@ -575,36 +860,85 @@ pub fn case(addr: SocketAddr, seed: u64, i: usize, a: &Assets) -> Case {
                 8 => b"GET /api/v1/models HTTP/1.1\r\nHost: evil.example\r\nConnection: close\r\n\r\n".to_vec(),
                 _ => b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03".to_vec(),
             };
-            Case { desc: format!("not HTTP / broken framing ({} bytes)", bytes.len()), bytes, garbage: true, huge: false }
+            Case {
+                desc: format!("not HTTP / broken framing ({} bytes)", bytes.len()),
+                bytes,
+                garbage: true,
+                huge: false,
+            }
         }
         // WebSocket without an upgrade, SSE of unknown jobs, cancels of nothing
         880..=909 => {
-            let path = *r.pick(&["/api/v1/ws", "/api/v1/ws?client=", "/api/v1/jobs/999999/events", "/api/v1/jobs/0/cancel", "/sdapi/v1/progress?skip_current_image=maybe", "/api/v1/gallery?limit=0", "/api/v1/gallery?limit=100000", "/api/v1/gallery?favourite=perhaps", "/api/v1/gallery?seed=-5"]);
-            let method = if path.contains("cancel") { "POST" } else { "GET" };
-            c(format!("{method} {path}"), json_req(addr, method, path, b""))
+            let path = *r.pick(&[
+                "/api/v1/ws",
+                "/api/v1/ws?client=",
+                "/api/v1/jobs/999999/events",
+                "/api/v1/jobs/0/cancel",
+                "/sdapi/v1/progress?skip_current_image=maybe",
+                "/api/v1/gallery?limit=0",
+                "/api/v1/gallery?limit=100000",
+                "/api/v1/gallery?favourite=perhaps",
+                "/api/v1/gallery?seed=-5",
+            ]);
+            let method = if path.contains("cancel") {
+                "POST"
+            } else {
+                "GET"
+            };
+            c(
+                format!("{method} {path}"),
+                json_req(addr, method, path, b""),
+            )
         }
         // valid by chance: plausible values, cheap jobs
         _ => {
-            let route = *r.pick(&["/api/v1/jobs", "/sdapi/v1/txt2img", "/v1/images/generations", "/sdapi/v1/img2img"]);
+            let route = *r.pick(&[
+                "/api/v1/jobs",
+                "/sdapi/v1/txt2img",
+                "/v1/images/generations",
+                "/sdapi/v1/img2img",
+            ]);
             let mut v = template(route, a);
             for _ in 0..1 + r.below(2) {
                 let (k, val) = match r.below(12) {
-                    0 => ("sampler", json!(r.pick(&["euler", "ddim", "dpmpp_2m_karras", "lcm", "Euler a", "DPM++ 2M Karras", "nonsense"]).to_string())),
+                    0 => (
+                        "sampler",
+                        json!(r
+                            .pick(&[
+                                "euler",
+                                "ddim",
+                                "dpmpp_2m_karras",
+                                "lcm",
+                                "Euler a",
+                                "DPM++ 2M Karras",
+                                "nonsense"
+                            ])
+                            .to_string()),
+                    ),
                     1 => ("steps", json!(1 + r.below(3))),
                     2 => ("guidance", json!((r.below(120) as f64 - 20.0) / 2.0)),
                     3 => ("batch", json!(1 + r.below(3))),
                     4 => ("eta", json!(r.below(30) as f64 / 10.0)),
                     5 => ("clip_skip", json!(r.below(20))),
                     6 => ("seed", json!(r.next())),
-                    7 => ("negative_prompt", json!(String::from_utf8_lossy(&r.bytes(40)))),
+                    7 => (
+                        "negative_prompt",
+                        json!(String::from_utf8_lossy(&r.bytes(40))),
+                    ),
                     8 => ("prompt", json!("🎨 ".repeat(r.below(3000)))),
                     9 => ("strength", json!(r.below(15) as f64 / 10.0)),
                     10 => ("cfg_scale", json!(r.below(60))),
-                    _ => ("priority", json!(r.pick(&["interactive", "batch", "urgent"]).to_string())),
+                    _ => (
+                        "priority",
+                        json!(r.pick(&["interactive", "batch", "urgent"]).to_string()),
+                    ),
                 };
                 v[k] = val;
             }
-            c(format!("plausible {route}: {}", clip(&v.to_string())), json_req(addr, "POST", route, v.to_string().as_bytes()))
+            c(
+                format!("plausible {route}: {}", clip(&v.to_string())),
+                json_req(addr, "POST", route, v.to_string().as_bytes()),
+            )
         }
     }
 }
@@ -656,18 +990,54 @@ impl Report {
 
     pub fn print(&self) {
         println!();
-        println!("fuzz: {} requests, seed {}, {:.1} s ({:.0} req/s)", self.n, self.seed, self.wall, self.n as f64 / self.wall);
-        println!("status counts: {}", self.by_status.iter().map(|(s, n)| format!("{s}: {n}")).collect::<Vec<_>>().join(", "));
-        println!("closed without an answer (not HTTP / broken framing, allowed): {}", self.closed_garbage);
-        println!("huge bodies refused mid-upload (allowed): {}", self.refused_upload);
-        println!("5xx: {}; no answer: {}; leaks of files outside the data dir: {}", self.five.len(), self.no_answer.len(), self.leaks.len());
-        println!("liveness checks during the run: {} of {} failed", self.liveness_failures, self.liveness_checks);
-        println!("files written outside the data dir: {}", self.escaped_files.len());
+        println!(
+            "fuzz: {} requests, seed {}, {:.1} s ({:.0} req/s)",
+            self.n,
+            self.seed,
+            self.wall,
+            self.n as f64 / self.wall
+        );
+        println!(
+            "status counts: {}",
+            self.by_status
+                .iter()
+                .map(|(s, n)| format!("{s}: {n}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        println!(
+            "closed without an answer (not HTTP / broken framing, allowed): {}",
+            self.closed_garbage
+        );
+        println!(
+            "huge bodies refused mid-upload (allowed): {}",
+            self.refused_upload
+        );
+        println!(
+            "5xx: {}; no answer: {}; leaks of files outside the data dir: {}",
+            self.five.len(),
+            self.no_answer.len(),
+            self.leaks.len()
+        );
+        println!(
+            "liveness checks during the run: {} of {} failed",
+            self.liveness_failures, self.liveness_checks
+        );
+        println!(
+            "files written outside the data dir: {}",
+            self.escaped_files.len()
+        );
         match &self.good_after {
             Ok(s) => println!("good requests after the fuzz: {s}"),
             Err(e) => println!("good requests after the fuzz FAILED: {e}"),
         }
-        for f in self.five.iter().chain(&self.no_answer).chain(&self.leaks).take(20) {
+        for f in self
+            .five
+            .iter()
+            .chain(&self.no_answer)
+            .chain(&self.leaks)
+            .take(20)
+        {
             println!("  {f}");
         }
     }
@@ -675,29 +1045,51 @@ impl Report {
     pub fn failures(&self) -> Vec<String> {
         let mut f = Vec::new();
         if !self.five.is_empty() {
-            f.push(format!("{} 5xx answers (first: {})", self.five.len(), self.five[0]));
+            f.push(format!(
+                "{} 5xx answers (first: {})",
+                self.five.len(),
+                self.five[0]
+            ));
         }
         if !self.no_answer.is_empty() {
-            f.push(format!("{} requests got no answer (first: {})", self.no_answer.len(), self.no_answer[0]));
+            f.push(format!(
+                "{} requests got no answer (first: {})",
+                self.no_answer.len(),
+                self.no_answer[0]
+            ));
         }
         if !self.leaks.is_empty() {
-            f.push(format!("{} answers carried a file from outside the data dir (first: {})", self.leaks.len(), self.leaks[0]));
+            f.push(format!(
+                "{} answers carried a file from outside the data dir (first: {})",
+                self.leaks.len(),
+                self.leaks[0]
+            ));
         }
         if self.liveness_failures > 0 {
-            f.push(format!("{} liveness checks failed during the fuzz", self.liveness_failures));
+            f.push(format!(
+                "{} liveness checks failed during the fuzz",
+                self.liveness_failures
+            ));
         }
         if !self.escaped_files.is_empty() {
-            f.push(format!("files written outside the data dir: {:?}", self.escaped_files));
+            f.push(format!(
+                "files written outside the data dir: {:?}",
+                self.escaped_files
+            ));
         }
         if let Err(e) = &self.good_after {
-            f.push(format!("the server did not serve good requests after the fuzz: {e}"));
+            f.push(format!(
+                "the server did not serve good requests after the fuzz: {e}"
+            ));
         }
         f
     }
 }
 
 fn listing(dir: &Path) -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = std::fs::read_dir(dir).map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect()).unwrap_or_default();
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect())
+        .unwrap_or_default();
     v.sort();
     v
 }
@@ -705,7 +1097,10 @@ fn listing(dir: &Path) -> Vec<PathBuf> {
 /// Runs `n` cases from `clients` threads against `addr`, whose data dir is
 /// `data_dir` (alone in a folder of this run's own: the canary goes beside it).
 pub fn run(addr: SocketAddr, n: usize, seed: u64, clients: usize, data_dir: &Path) -> Report {
-    let outside = data_dir.parent().map(Path::to_path_buf).unwrap_or_else(std::env::temp_dir);
+    let outside = data_dir
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(std::env::temp_dir);
     let assets = Arc::new(Assets::new(&outside));
     let before = listing(&outside);
     let next = Arc::new(AtomicUsize::new(0));
@@ -726,26 +1121,43 @@ pub fn run(addr: SocketAddr, n: usize, seed: u64, clients: usize, data_dir: &Pat
                     Ok(resp) => {
                         *rep.by_status.entry(resp.status).or_default() += 1;
                         if resp.status >= 500 {
-                            rep.five.push(format!("case {i} (seed {seed}): {} -> {} {}", case.desc, resp.status, clip(&resp.text())));
+                            rep.five.push(format!(
+                                "case {i} (seed {seed}): {} -> {} {}",
+                                case.desc,
+                                resp.status,
+                                clip(&resp.text())
+                            ));
                         }
                         let body = String::from_utf8_lossy(&resp.body);
                         if body.contains("root:x:0:0") || body.contains(&assets.canary_secret) {
-                            rep.leaks.push(format!("case {i} (seed {seed}): {} -> {}", case.desc, clip(&body)));
+                            rep.leaks.push(format!(
+                                "case {i} (seed {seed}): {} -> {}",
+                                case.desc,
+                                clip(&body)
+                            ));
                         }
                     }
                     Err(e) if case.huge => {
                         let _ = e;
                         rep.refused_upload += 1;
                     }
-                    Err(e) if case.garbage && e.kind() != std::io::ErrorKind::WouldBlock && e.kind() != std::io::ErrorKind::TimedOut => {
+                    Err(e)
+                        if case.garbage
+                            && e.kind() != std::io::ErrorKind::WouldBlock
+                            && e.kind() != std::io::ErrorKind::TimedOut =>
+                    {
                         let _ = e;
                         rep.closed_garbage += 1;
                     }
-                    Err(e) => rep.no_answer.push(format!("case {i} (seed {seed}): {} -> {e}", case.desc)),
+                    Err(e) => rep
+                        .no_answer
+                        .push(format!("case {i} (seed {seed}): {} -> {e}", case.desc)),
                 }
                 drop(rep);
                 if i % 250 == 249 {
-                    let ok = http::get(addr, "/api/v1/capabilities").map(|r| r.status == 200).unwrap_or(false);
+                    let ok = http::get(addr, "/api/v1/capabilities")
+                        .map(|r| r.status == 200)
+                        .unwrap_or(false);
                     if let Ok(mut rep) = report.lock() {
                         rep.liveness_checks += 1;
                         rep.liveness_failures += (!ok) as usize;
@@ -760,12 +1172,18 @@ pub fn run(addr: SocketAddr, n: usize, seed: u64, clients: usize, data_dir: &Pat
     let wall = t.elapsed().as_secs_f64();
     let good = good_requests(addr);
     let after = listing(&outside);
-    let mut rep = std::mem::replace(&mut *report.lock().unwrap_or_else(|e| e.into_inner()), Report::new(n, seed));
+    let mut rep = std::mem::replace(
+        &mut *report.lock().unwrap_or_else(|e| e.into_inner()),
+        Report::new(n, seed),
+    );
     rep.wall = wall;
     rep.good_after = good;
     // The data dir's parent is this run's own folder: anything new there but
     // the data dir itself came through the server.
-    rep.escaped_files = after.into_iter().filter(|p| !before.contains(p) && p.as_path() != data_dir).collect();
+    rep.escaped_files = after
+        .into_iter()
+        .filter(|p| !before.contains(p) && p.as_path() != data_dir)
+        .collect();
     let _ = std::fs::remove_file(outside.join(&assets.canary_name));
     rep
 }
@@ -783,10 +1201,21 @@ fn good_requests(addr: SocketAddr) -> Result<String, String> {
     if v["state"] != "done" {
         return Err(format!("native job ended {v}"));
     }
-    let r = http::post_json(addr, "/sdapi/v1/txt2img", &json!({"prompt": "after the fuzz", "steps": 1, "width": 64, "height": 64})).map_err(|e| e.to_string())?;
-    let ok = r.status == 200 && r.json().and_then(|v| v["images"][0].as_str().and_then(http::unb64)).is_some_and(|p| image::load_from_memory(&p).is_ok());
+    let r = http::post_json(
+        addr,
+        "/sdapi/v1/txt2img",
+        &json!({"prompt": "after the fuzz", "steps": 1, "width": 64, "height": 64}),
+    )
+    .map_err(|e| e.to_string())?;
+    let ok = r.status == 200
+        && r.json()
+            .and_then(|v| v["images"][0].as_str().and_then(http::unb64))
+            .is_some_and(|p| image::load_from_memory(&p).is_ok());
     if !ok {
         return Err(format!("A1111 txt2img: {} {}", r.status, clip(&r.text())));
     }
-    Ok(format!("native job done and A1111 txt2img answered a picture ({:.1} s)", t.elapsed().as_secs_f64()))
+    Ok(format!(
+        "native job done and A1111 txt2img answered a picture ({:.1} s)",
+        t.elapsed().as_secs_f64()
+    ))
 }

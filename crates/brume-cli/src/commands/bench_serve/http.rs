@@ -27,7 +27,10 @@ pub struct Response {
 
 impl Response {
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
     }
 
     pub fn json(&self) -> Option<serde_json::Value> {
@@ -53,7 +56,13 @@ fn connect(addr: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
 
 /// The request's bytes: request line, Host, the given headers, Content-Length
 /// (when there is a body or the method usually has one) and `Connection: close`.
-pub fn request_bytes(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Vec<u8> {
+pub fn request_bytes(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Vec<u8> {
     let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
     for (k, v) in headers {
         head.push_str(&format!("{k}: {v}\r\n"));
@@ -68,8 +77,19 @@ pub fn request_bytes(addr: SocketAddr, method: &str, path: &str, headers: &[(&st
 }
 
 /// Sends one request and reads the whole response.
-pub fn request(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8], timeout: Duration) -> io::Result<Response> {
-    raw(addr, &request_bytes(addr, method, path, headers, body), timeout)
+pub fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+    timeout: Duration,
+) -> io::Result<Response> {
+    raw(
+        addr,
+        &request_bytes(addr, method, path, headers, body),
+        timeout,
+    )
 }
 
 /// Sends arbitrary bytes and reads one response. A write that fails because
@@ -95,20 +115,33 @@ pub fn get(addr: SocketAddr, path: &str) -> io::Result<Response> {
 
 pub fn post_json(addr: SocketAddr, path: &str, v: &serde_json::Value) -> io::Result<Response> {
     let body = serde_json::to_vec(v).map_err(|e| bad(e.to_string()))?;
-    request(addr, "POST", path, &[("Content-Type", "application/json")], &body, Duration::from_secs(300))
+    request(
+        addr,
+        "POST",
+        path,
+        &[("Content-Type", "application/json")],
+        &body,
+        Duration::from_secs(300),
+    )
 }
 
 fn read_head<R: BufRead>(r: &mut R) -> io::Result<(u16, Vec<(String, String)>)> {
     let mut line = String::new();
     if r.read_line(&mut line)? == 0 {
-        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the connection closed before a response"));
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "the connection closed before a response",
+        ));
     }
     let mut parts = line.split_whitespace();
     let version = parts.next().unwrap_or("");
     if !version.starts_with("HTTP/1.") {
         return Err(bad(format!("not an HTTP response: {:?}", line.trim_end())));
     }
-    let status: u16 = parts.next().and_then(|s| s.parse().ok()).ok_or_else(|| bad(format!("bad status line {:?}", line.trim_end())))?;
+    let status: u16 = parts
+        .next()
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| bad(format!("bad status line {:?}", line.trim_end())))?;
     let mut headers = Vec::new();
     loop {
         line.clear();
@@ -131,7 +164,8 @@ fn read_chunk<R: BufRead>(r: &mut R) -> io::Result<Option<Vec<u8>>> {
     if r.read_line(&mut line)? == 0 {
         return Err(bad("the connection closed inside a chunked body"));
     }
-    let size = usize::from_str_radix(line.trim().split(';').next().unwrap_or("").trim(), 16).map_err(|_| bad(format!("bad chunk size {:?}", line.trim())))?;
+    let size = usize::from_str_radix(line.trim().split(';').next().unwrap_or("").trim(), 16)
+        .map_err(|_| bad(format!("bad chunk size {:?}", line.trim())))?;
     if size == 0 {
         // Trailers, then the blank line.
         loop {
@@ -151,7 +185,11 @@ fn read_chunk<R: BufRead>(r: &mut R) -> io::Result<Option<Vec<u8>>> {
 fn read_response<R: BufRead>(r: &mut R, head: bool) -> io::Result<Response> {
     let (status, headers) = read_head(r)?;
     if head {
-        return Ok(Response { status, headers, body: Vec::new() });
+        return Ok(Response {
+            status,
+            headers,
+            body: Vec::new(),
+        });
     }
     let get = |n: &str| headers.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone());
     let mut body = Vec::new();
@@ -165,25 +203,48 @@ fn read_response<R: BufRead>(r: &mut R, head: bool) -> io::Result<Response> {
     } else {
         r.read_to_end(&mut body)?;
     }
-    Ok(Response { status, headers, body })
+    Ok(Response {
+        status,
+        headers,
+        body,
+    })
 }
 
 /// Reads a Server-Sent Events stream, calling `on_event` with each `data:`
 /// line's JSON until it returns false or the stream ends. Returns the status
 /// (and the body, when the answer was not an event stream).
-pub fn sse(addr: SocketAddr, path: &str, timeout: Duration, mut on_event: impl FnMut(&serde_json::Value) -> bool) -> io::Result<Response> {
+pub fn sse(
+    addr: SocketAddr,
+    path: &str,
+    timeout: Duration,
+    mut on_event: impl FnMut(&serde_json::Value) -> bool,
+) -> io::Result<Response> {
     let mut s = connect(addr, timeout)?;
-    s.write_all(&request_bytes(addr, "GET", path, &[("Accept", "text/event-stream")], &[]))?;
+    s.write_all(&request_bytes(
+        addr,
+        "GET",
+        path,
+        &[("Accept", "text/event-stream")],
+        &[],
+    ))?;
     let mut r = BufReader::new(s);
     let (status, headers) = read_head(&mut r)?;
-    let is_stream = headers.iter().any(|(k, v)| k == "content-type" && v.starts_with("text/event-stream"));
+    let is_stream = headers
+        .iter()
+        .any(|(k, v)| k == "content-type" && v.starts_with("text/event-stream"));
     if !is_stream {
-        let mut rest = Response { status, headers, body: Vec::new() };
+        let mut rest = Response {
+            status,
+            headers,
+            body: Vec::new(),
+        };
         let full = read_response_body(&mut r, &rest.headers)?;
         rest.body = full;
         return Ok(rest);
     }
-    let chunked = headers.iter().any(|(k, v)| k == "transfer-encoding" && v.contains("chunked"));
+    let chunked = headers
+        .iter()
+        .any(|(k, v)| k == "transfer-encoding" && v.contains("chunked"));
     let mut pending = Vec::<u8>::new();
     loop {
         let piece = if chunked {
@@ -207,13 +268,21 @@ pub fn sse(addr: SocketAddr, path: &str, timeout: Duration, mut on_event: impl F
             if let Some(data) = line.trim_end().strip_prefix("data:") {
                 if let Ok(v) = serde_json::from_str::<serde_json::Value>(data.trim()) {
                     if !on_event(&v) {
-                        return Ok(Response { status, headers, body: Vec::new() });
+                        return Ok(Response {
+                            status,
+                            headers,
+                            body: Vec::new(),
+                        });
                     }
                 }
             }
         }
     }
-    Ok(Response { status, headers, body: Vec::new() })
+    Ok(Response {
+        status,
+        headers,
+        body: Vec::new(),
+    })
 }
 
 fn read_response_body<R: BufRead>(r: &mut R, headers: &[(String, String)]) -> io::Result<Vec<u8>> {
@@ -256,11 +325,21 @@ pub fn b64(data: &[u8]) -> String {
     const T: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
     for c in data.chunks(3) {
-        let n = (c[0] as u32) << 16 | (*c.get(1).unwrap_or(&0) as u32) << 8 | *c.get(2).unwrap_or(&0) as u32;
+        let n = (c[0] as u32) << 16
+            | (*c.get(1).unwrap_or(&0) as u32) << 8
+            | *c.get(2).unwrap_or(&0) as u32;
         out.push(T[(n >> 18) as usize & 63] as char);
         out.push(T[(n >> 12) as usize & 63] as char);
-        out.push(if c.len() > 1 { T[(n >> 6) as usize & 63] as char } else { '=' });
-        out.push(if c.len() > 2 { T[n as usize & 63] as char } else { '=' });
+        out.push(if c.len() > 1 {
+            T[(n >> 6) as usize & 63] as char
+        } else {
+            '='
+        });
+        out.push(if c.len() > 2 {
+            T[n as usize & 63] as char
+        } else {
+            '='
+        });
     }
     out
 }
@@ -309,7 +388,10 @@ pub fn png_texts(png: &[u8]) -> Option<Vec<(String, String)>> {
         match kind {
             b"tEXt" => {
                 let nul = data.iter().position(|&b| b == 0)?;
-                out.push((String::from_utf8_lossy(&data[..nul]).into_owned(), String::from_utf8_lossy(&data[nul + 1..]).into_owned()));
+                out.push((
+                    String::from_utf8_lossy(&data[..nul]).into_owned(),
+                    String::from_utf8_lossy(&data[nul + 1..]).into_owned(),
+                ));
             }
             b"iTXt" => {
                 // keyword NUL flag method lang NUL translated NUL text
@@ -328,7 +410,10 @@ pub fn png_texts(png: &[u8]) -> Option<Vec<(String, String)>> {
             }
             b"zTXt" => {
                 let nul = data.iter().position(|&b| b == 0)?;
-                out.push((String::from_utf8_lossy(&data[..nul]).into_owned(), String::new()));
+                out.push((
+                    String::from_utf8_lossy(&data[..nul]).into_owned(),
+                    String::new(),
+                ));
             }
             b"IEND" => break,
             _ => {}
@@ -351,9 +436,19 @@ pub struct ServeChild {
 impl ServeChild {
     /// Starts `exe serve --listen 127.0.0.1:0 --data-dir DIR ARGS...` and waits
     /// (at most 180 s) until it listens.
-    pub fn start(exe: &Path, data_dir: &Path, args: &[&str], envs: &[(&str, &str)]) -> io::Result<ServeChild> {
+    pub fn start(
+        exe: &Path,
+        data_dir: &Path,
+        args: &[&str],
+        envs: &[(&str, &str)],
+    ) -> io::Result<ServeChild> {
         let mut cmd = Command::new(exe);
-        cmd.arg("serve").arg("--listen").arg("127.0.0.1:0").arg("--data-dir").arg(data_dir).args(args);
+        cmd.arg("serve")
+            .arg("--listen")
+            .arg("127.0.0.1:0")
+            .arg("--data-dir")
+            .arg(data_dir)
+            .args(args);
         for (k, v) in envs {
             cmd.env(k, v);
         }
@@ -362,7 +457,9 @@ impl ServeChild {
 
     /// Starts a prepared command (`serve` and its flags already set).
     pub fn spawn(mut cmd: Command, data_dir: &Path) -> io::Result<ServeChild> {
-        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
         let mut child = cmd.spawn()?;
         let stderr = Arc::new(Mutex::new(String::new()));
         if let Some(err) = child.stderr.take() {
@@ -395,8 +492,15 @@ impl ServeChild {
             match rx.recv_timeout(left.min(Duration::from_millis(200))) {
                 Ok(line) => {
                     if let Some(a) = line.trim().strip_prefix("listening on http://") {
-                        let addr = a.parse().map_err(|_| bad(format!("unreadable address in {line:?}")))?;
-                        return Ok(ServeChild { child, addr, data_dir: data_dir.to_path_buf(), stderr });
+                        let addr = a
+                            .parse()
+                            .map_err(|_| bad(format!("unreadable address in {line:?}")))?;
+                        return Ok(ServeChild {
+                            child,
+                            addr,
+                            data_dir: data_dir.to_path_buf(),
+                            stderr,
+                        });
                     }
                 }
                 Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
@@ -404,18 +508,25 @@ impl ServeChild {
                     let _ = child.wait();
                     std::thread::sleep(Duration::from_millis(100));
                     let text = stderr.lock().map(|s| s.clone()).unwrap_or_default();
-                    return Err(io::Error::other(format!("brume serve exited before listening; stderr:\n{text}")));
+                    return Err(io::Error::other(format!(
+                        "brume serve exited before listening; stderr:\n{text}"
+                    )));
                 }
             }
             if let Ok(Some(st)) = child.try_wait() {
                 std::thread::sleep(Duration::from_millis(100));
                 let text = stderr.lock().map(|s| s.clone()).unwrap_or_default();
-                return Err(io::Error::other(format!("brume serve exited ({st}) before listening; stderr:\n{text}")));
+                return Err(io::Error::other(format!(
+                    "brume serve exited ({st}) before listening; stderr:\n{text}"
+                )));
             }
             if Instant::now() >= deadline {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(io::Error::new(io::ErrorKind::TimedOut, "brume serve did not listen within 180 s"));
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "brume serve did not listen within 180 s",
+                ));
             }
         }
     }
@@ -432,7 +543,9 @@ impl ServeChild {
     /// Resident memory in KiB (VmRSS of /proc/PID/status).
     pub fn rss_kib(&self) -> Option<u64> {
         let s = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).ok()?;
-        s.lines().find_map(|l| l.strip_prefix("VmRSS:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        s.lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
     }
 
     /// SIGKILL, and reap it.
@@ -480,7 +593,12 @@ impl Drop for ServeChild {
 pub fn cpu_model() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split_once(':')).map(|(_, v)| v.trim().to_string()))
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
         .unwrap_or_else(|| "unknown CPU".into())
 }
 
@@ -489,7 +607,13 @@ pub fn wait_job(addr: SocketAddr, id: &str, timeout: Duration) -> io::Result<ser
     let deadline = Instant::now() + timeout;
     loop {
         let r = get(addr, &format!("/api/v1/jobs/{id}"))?;
-        let v = r.json().ok_or_else(|| bad(format!("job {id}: status {} with a body that is not JSON: {}", r.status, r.text())))?;
+        let v = r.json().ok_or_else(|| {
+            bad(format!(
+                "job {id}: status {} with a body that is not JSON: {}",
+                r.status,
+                r.text()
+            ))
+        })?;
         if r.status != 200 {
             return Err(bad(format!("job {id}: status {}: {}", r.status, r.text())));
         }
@@ -497,7 +621,10 @@ pub fn wait_job(addr: SocketAddr, id: &str, timeout: Duration) -> io::Result<ser
             return Ok(v);
         }
         if Instant::now() > deadline {
-            return Err(io::Error::new(io::ErrorKind::TimedOut, format!("job {id} did not end: {v}")));
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("job {id} did not end: {v}"),
+            ));
         }
         std::thread::sleep(Duration::from_millis(25));
     }
@@ -514,7 +641,10 @@ pub fn gallery_all(addr: SocketAddr, extra_query: &str) -> io::Result<Vec<serde_
             path.push_str(&percent(c));
         }
         let r = get(addr, &path)?;
-        let v = r.json().filter(|_| r.status == 200).ok_or_else(|| bad(format!("gallery list: {} {}", r.status, r.text())))?;
+        let v = r
+            .json()
+            .filter(|_| r.status == 200)
+            .ok_or_else(|| bad(format!("gallery list: {} {}", r.status, r.text())))?;
         items.extend(v["items"].as_array().cloned().unwrap_or_default());
         match v["next_cursor"].as_str() {
             Some(c) if !c.is_empty() => cursor = Some(c.to_string()),
@@ -526,6 +656,12 @@ pub fn gallery_all(addr: SocketAddr, extra_query: &str) -> io::Result<Vec<serde_
 /// Percent-encodes everything but unreserved characters.
 pub fn percent(s: &str) -> String {
     s.bytes()
-        .map(|b| if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) { (b as char).to_string() } else { format!("%{b:02X}") })
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
         .collect()
 }
