@@ -110,6 +110,8 @@ enum Mode {
     Pipeline,
     Split,
     Sequential,
+    /// The sequential loop on a one-thread pool: what one core does alone.
+    SequentialOneCore,
 }
 
 struct Bench<'a> {
@@ -191,6 +193,15 @@ impl Bench<'_> {
             }
             Mode::Pipeline => run_pipeline(&mut source, make, &mut sink, &opts)?,
             Mode::Sequential => run_sequential(&mut source, make, &mut sink, &opts)?,
+            Mode::SequentialOneCore => {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(1)
+                    .build()
+                    .context("starting a one-thread pool")?;
+                let mut r = pool.install(|| run_sequential(&mut source, make, &mut sink, &opts))?;
+                r.mode = "sequential on ONE core (1-thread pool)".into();
+                r
+            }
         };
         Ok(Run { report, outputs })
     }
@@ -283,6 +294,13 @@ pub fn run(a: LiveArgs) -> anyhow::Result<()> {
         split.push(x.report.fps());
         last = Some((s.report, p.report, x.report));
     }
+    let one = b.run(
+        Mode::SequentialOneCore,
+        &pan_y4m,
+        Techniques::NONE,
+        None,
+        None,
+    )?;
     let med = |v: &[f64]| super::bench::median(v).unwrap_or(0.0);
     let (seq_fps, pipe_fps, split_fps) = (med(&seq), med(&pipe), med(&split));
     let ratio = if seq_fps > 0.0 {
@@ -292,8 +310,20 @@ pub fn run(a: LiveArgs) -> anyhow::Result<()> {
     };
     println!("\n== throughput, every frame, no techniques (3 runs per mode, alternated; the last run's table) ==");
     if let Some((s, p, x)) = &last {
-        print!("{}{}{}", s.table(), p.table(), x.table());
+        print!(
+            "{}{}{}{}",
+            s.table(),
+            one.report.table(),
+            p.table(),
+            x.table()
+        );
     }
+    println!(
+        "two cores vs one on the same loop: {:.1} vs {:.1} FPS ({:.2}x): what the kernels already spread over both cores",
+        seq_fps,
+        one.report.fps(),
+        if one.report.fps() > 0.0 { seq_fps / one.report.fps() } else { 0.0 }
+    );
     println!(
         "FPS (median of 3): sequential {seq_fps:.1} {seq:.1?}; 3-thread pipeline, diffusion on the shared pool {pipe_fps:.1} {pipe:.1?} ({:.2}x); \
          split pipeline {split_fps:.1} {split:.1?} ({ratio:.2}x)",
