@@ -227,6 +227,13 @@ impl Shared {
         if let Some(r) = st.jobs.get_mut(&id) {
             r.state = state;
             r.preview = None;
+            // A finished edit's input pictures are not needed for its status: a
+            // service that remembers hundreds of jobs must not keep their uploads.
+            if !matches!(r.spec.edit, Edit::None) {
+                let mut spec = (*r.spec).clone();
+                spec.edit = Edit::None;
+                r.spec = Arc::new(spec);
+            }
             if let EventKind::Done { output } = &kind {
                 r.output = Some(output.clone());
             }
