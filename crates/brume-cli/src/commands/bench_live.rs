@@ -4,6 +4,7 @@
 //! the same work in one thread, each technique on and off (FPS, latency, flicker on a
 //! still input and on a slow pan), and the governor at a target, with the bars.
 
+use super::bench_serve::http::cpu_model;
 use std::io::Cursor;
 
 use anyhow::Context;
@@ -207,17 +208,6 @@ impl Bench<'_> {
     }
 }
 
-fn cpu_model() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split_once(':'))
-                .map(|(_, v)| v.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown CPU".into())
-}
 
 fn load_average() -> String {
     std::fs::read_to_string("/proc/loadavg")
